@@ -1,0 +1,53 @@
+"""The exception tree of osmosis-ai.
+
+Every error the package raises on purpose derives from :class:`OsmosisError`::
+
+    OsmosisError
+    ├── UsageError             you called something wrong (bad argument, wrong state)
+    │   └── MissingExtraError  an optional extra is not installed
+    ├── ConfigError            a configuration value is invalid
+    └── ProtocolError          a peer broke the rollout wire protocol
+        └── RolloutProtocolError  a rollout server answered with an unexpected status
+
+Messages say what failed, with which value, and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class OsmosisError(Exception):
+    """Root of every error raised on purpose by osmosis-ai."""
+
+
+class UsageError(OsmosisError):
+    """An API was used wrongly: a bad argument or a call in the wrong state."""
+
+
+class MissingExtraError(UsageError, ImportError):
+    """An optional dependency group is needed but not installed."""
+
+    def __init__(self, extra: str, feature: str, missing: str | None = None) -> None:
+        self.extra = extra
+        self.feature = feature
+        self.missing = missing
+        what = f" (module {missing!r} not found)" if missing else ""
+        super().__init__(
+            f"{feature} needs the '{extra}' extra{what}: "
+            f'run pip install "osmosis-ai[{extra}]"'
+        )
+
+
+class ConfigError(OsmosisError):
+    """A configuration value is invalid."""
+
+
+class ProtocolError(OsmosisError):
+    """A peer broke the rollout wire protocol."""
+
+
+class RolloutProtocolError(ProtocolError):
+    """A rollout server answered a request with an unexpected HTTP status or body."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        self.status_code = status_code
+        super().__init__(message)

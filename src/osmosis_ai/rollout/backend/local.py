@@ -1,0 +1,447 @@
+"""``LocalBackend``: runs the workflow and grader in this process, with a concurrency limit.
+
+Per rollout: wait for a slot (queue time counts against the agent deadline), run the
+workflow inside the ambient :class:`RolloutContext`, report it, then (when grading was
+asked for and the workflow succeeded) run the grader under its own deadline. The backend
+tracks every rollout's status and can cancel queued and running rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from osmosis_ai.rollout.agent_workflow import AgentWorkflow
+from osmosis_ai.rollout.backend.base import ExecutionBackend, ResultCallback
+from osmosis_ai.rollout.config import AgentWorkflowConfig, GraderConfig
+from osmosis_ai.rollout.context import (
+    AgentWorkflowContext,
+    GraderContext,
+    RolloutContext,
+    get_rollout_context,
+)
+from osmosis_ai.rollout.execution import ExecutionOutcome, ExecutionRequest, ExecutionResult
+from osmosis_ai.rollout.grader import Grader
+from osmosis_ai.rollout.imports import resolve_object
+from osmosis_ai.rollout.output import coerce_output
+from osmosis_ai.rollout.sample import RolloutSample
+from osmosis_ai.rollout.status import RolloutErrorCategory, RolloutStatus, categorize_exception
+
+logger = logging.getLogger(__name__)
+
+ARTIFACT_ROOT_ENV = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
+_PROBE_NAME = ".osmosis-health-check"
+
+
+def default_artifact_root() -> Path:
+    """``$_OSMOSIS_ROLLOUT_ARTIFACT_ROOT``, else ``~/.osmosis``."""
+    configured = os.environ.get(ARTIFACT_ROOT_ENV)
+    return Path(configured) if configured else Path.home() / ".osmosis"
+
+
+@dataclass
+class _Tracked:
+    status: RolloutStatus
+    task: asyncio.Task[Any] | None
+    reward: float | None = None
+    err_message: str | None = None
+    cancel_disposition: str | None = None
+    finished_at: float | None = None
+
+
+class LocalBackend(ExecutionBackend):
+    """Runs rollouts in-process.
+
+    Args:
+        workflow: an :class:`AgentWorkflow` subclass, or its ``"module:Class"`` path.
+        workflow_config: the workflow's config (deep-copied for every rollout), or a path.
+        grader: a :class:`Grader` subclass, or its path. ``None`` means rollouts asking to be
+            graded fail with a message saying no grader is configured.
+        grader_config: the grader's config, or a path.
+        max_concurrent: rollouts running at once. Defaults to
+            ``workflow_config.concurrency.max_concurrent`` when that is set, else
+            :attr:`DEFAULT_MAX_CONCURRENT`. ``None`` passed explicitly means unlimited.
+        artifact_root: where per-rollout folders go; defaults to
+            ``$_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` or ``~/.osmosis``, read once here.
+        project_path: passed to graders as ``ctx.project_path`` (default: the working dir).
+        status_retention_sec: how long finished rollouts stay visible to :meth:`rollout_status`.
+    """
+
+    DEFAULT_MAX_CONCURRENT = 64
+    """Concurrency when neither ``max_concurrent`` nor the workflow config sets one."""
+
+    def __init__(
+        self,
+        *,
+        workflow: type[AgentWorkflow[Any]] | str,
+        workflow_config: AgentWorkflowConfig | str | None = None,
+        grader: type[Grader] | str | None = None,
+        grader_config: GraderConfig | str | None = None,
+        max_concurrent: int | None | object = ...,
+        artifact_root: str | os.PathLike[str] | None = None,
+        project_path: str | None = None,
+        status_retention_sec: float = 900.0,
+    ) -> None:
+        self.workflow_cls: type[AgentWorkflow[Any]] = _resolve_class(workflow, AgentWorkflow, "workflow")
+        self.workflow_config: AgentWorkflowConfig | None = _resolve_config(
+            workflow_config, AgentWorkflowConfig, "workflow_config"
+        )
+        self.grader_cls: type[Grader] | None = (
+            None if grader is None else _resolve_class(grader, Grader, "grader")
+        )
+        self.grader_config: GraderConfig | None = _resolve_config(
+            grader_config, GraderConfig, "grader_config"
+        )
+        self.max_concurrent = self._pick_limit(max_concurrent)
+        self.artifact_root = Path(artifact_root) if artifact_root else default_artifact_root()
+        self.project_path = project_path if project_path is not None else os.getcwd()
+        self.status_retention_sec = status_retention_sec
+
+        self._slots = asyncio.Semaphore(self.max_concurrent) if self.max_concurrent else None
+        grader_limit = self.grader_config.concurrency.max_concurrent if self.grader_config else None
+        self._grader_slots = asyncio.Semaphore(grader_limit) if grader_limit else None
+        self._queued = 0
+        self._running = 0
+        self._tracked: dict[str, _Tracked] = {}
+        self._finished: deque[tuple[float, str, _Tracked]] = deque()
+
+    def _pick_limit(self, explicit: int | None | object) -> int | None:
+        if explicit is not ...:
+            if explicit is not None and (not isinstance(explicit, int) or explicit < 1):
+                raise ValueError(f"max_concurrent must be a positive int or None, got {explicit!r}")
+            return explicit  # type: ignore[return-value]
+        configured = self.workflow_config.concurrency.max_concurrent if self.workflow_config else None
+        return configured if configured is not None else self.DEFAULT_MAX_CONCURRENT
+
+    # -- backend interface -------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "concurrency": {
+                "max_concurrent": self.max_concurrent,
+                "queued": self._queued,
+                "running": self._running,
+            },
+        }
+
+    def rollout_status(self, rollout_id: str) -> dict[str, Any] | None:
+        self._expire()
+        tracked = self._tracked.get(rollout_id)
+        if tracked is None:
+            return None
+        return {
+            "status": tracked.status.value,
+            "reward": tracked.reward,
+            "err_message": tracked.err_message,
+        }
+
+    def cancel_rollouts(
+        self, ids: list[str] | None = None, prefix: str | None = None, all: bool = False
+    ) -> dict[str, str]:
+        if ids is not None:
+            selected = list(dict.fromkeys(ids))
+        elif prefix is not None:
+            selected = [i for i, t in self._tracked.items() if i.startswith(prefix) and _live(t)]
+        elif all:
+            selected = [i for i, t in self._tracked.items() if _live(t)]
+        else:
+            selected = []
+        out: dict[str, str] = {}
+        for rollout_id in selected:
+            tracked = self._tracked.get(rollout_id)
+            if tracked is None or (not _live(tracked) and tracked.cancel_disposition is None):
+                out[rollout_id] = "not_found"
+                continue
+            if tracked.cancel_disposition is None:
+                tracked.cancel_disposition = (
+                    "cancelled_queued"
+                    if tracked.status == RolloutStatus.QUEUED
+                    else "cancelled_running"
+                )
+                if tracked.task is not None:
+                    tracked.task.cancel()
+            out[rollout_id] = tracked.cancel_disposition
+        return out
+
+    async def execute(
+        self,
+        request: ExecutionRequest,
+        on_workflow_complete: ResultCallback | None = None,
+        on_grader_complete: ResultCallback | None = None,
+    ) -> ExecutionOutcome:
+        tracked = _Tracked(RolloutStatus.QUEUED, asyncio.current_task())
+        self._tracked[request.id] = tracked
+        rctx = get_rollout_context()
+        try:
+            async with _maybe_context(rctx, request.id) as ctx:
+                workflow = await self._workflow_phase(request, ctx, tracked)
+                await _notify(on_workflow_complete, workflow, "workflow")
+                grader: ExecutionResult | None = None
+                if request.grade and workflow.status == RolloutStatus.SUCCESS:
+                    self._set_status(tracked, RolloutStatus.GRADING)
+                    await ctx.set_status(RolloutStatus.GRADING)
+                    grader = await self._grader_phase(request, workflow.sample)
+                    await _notify(on_grader_complete, grader, "grader")
+            outcome = ExecutionOutcome(workflow, grader)
+            final = outcome.result
+            self._finish(request.id, tracked, final.status, final.sample, final.err_message)
+            return outcome
+        except asyncio.CancelledError:
+            self._finish(request.id, tracked, RolloutStatus.CANCELLED, None, "cancelled")
+            raise
+        except BaseException as exc:
+            self._finish(request.id, tracked, RolloutStatus.FAILURE, None, str(exc) or type(exc).__name__)
+            raise
+
+    # -- phases --------------------------------------------------------------------------
+
+    async def _workflow_phase(
+        self, request: ExecutionRequest, rctx: RolloutContext, tracked: _Tracked
+    ) -> ExecutionResult:
+        admitted = time.monotonic()
+        budget = request.agent_timeout_sec
+        deadline = None if budget is None else admitted + budget
+        self._queued += 1
+        try:
+            if self._slots is not None:
+                await self._slots.acquire()
+        finally:
+            self._queued -= 1
+        self._running += 1
+        try:
+            self._set_status(tracked, RolloutStatus.RUNNING)
+            queued_for = time.monotonic() - admitted
+            if deadline is not None and time.monotonic() >= deadline:
+                return _timeout_result("workflow", budget, queued_for)
+            try:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                async with asyncio.timeout(remaining):
+                    sample = await self._run_workflow(request, rctx)
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return _timeout_result("workflow", budget, queued_for)
+                raise  # a TimeoutError raised by user code, not our deadline
+            if deadline is not None and time.monotonic() > deadline:
+                # The workflow blocked the loop or swallowed cancellation past its budget.
+                return _timeout_result("workflow", budget, queued_for)
+            return ExecutionResult(RolloutStatus.SUCCESS, sample)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.info("rollout %s: workflow failed: %r", request.id, exc)
+            return ExecutionResult.failure(_describe(exc), categorize_exception(exc))
+        finally:
+            self._running -= 1
+            if self._slots is not None:
+                self._slots.release()
+
+    async def _run_workflow(
+        self, request: ExecutionRequest, rctx: RolloutContext
+    ) -> RolloutSample | None:
+        config = copy.deepcopy(self.workflow_config)
+        workflow = self.workflow_cls(config)
+        ctx: AgentWorkflowContext[Any] = AgentWorkflowContext(
+            prompt=copy.deepcopy(request.prompt),
+            config=config,
+            metadata=copy.deepcopy(request.metadata),
+            artifacts_dir=await self._artifacts_dir(request.id),
+        )
+        output = coerce_output(await workflow.run(ctx))
+        if output is None:
+            sample = await rctx.get_sample()
+            if sample is not None and sample.label is None:
+                sample.label = request.label
+            return sample
+        if output.messages is None:
+            return None
+        return RolloutSample(messages=output.messages, label=request.label, metrics=output.metrics)
+
+    async def _grader_phase(
+        self, request: ExecutionRequest, sample: RolloutSample | None
+    ) -> ExecutionResult:
+        if self.grader_cls is None:
+            return ExecutionResult.failure(
+                "no grader is configured: pass grader= to LocalBackend, or send grade=false",
+                RolloutErrorCategory.VALIDATION_ERROR,
+            )
+        if request.label is None and request.metadata is None:
+            return ExecutionResult.failure(
+                "nothing to grade against: the request has neither a label nor metadata",
+                RolloutErrorCategory.VALIDATION_ERROR,
+            )
+        if sample is None:
+            return ExecutionResult.failure(
+                "the workflow produced no sample: return messages from run() or register "
+                "a sample source",
+                RolloutErrorCategory.VALIDATION_ERROR,
+            )
+        graded = sample.model_copy(deep=True)
+        budget = request.grader_timeout_sec
+        started = time.monotonic()
+        try:
+            if budget is not None and budget <= 0:
+                return _timeout_result("grader", budget, 0.0, graded)
+            if self._grader_slots is not None:
+                await self._grader_slots.acquire()
+            try:
+                grader = self.grader_cls(copy.deepcopy(self.grader_config))
+                ctx = GraderContext(
+                    label=request.label,
+                    sample=graded,
+                    project_path=self.project_path,
+                    metadata=copy.deepcopy(request.metadata),
+                    artifacts_dir=await self._artifacts_dir(request.id),
+                )
+                async with asyncio.timeout(budget):
+                    await grader.grade(ctx)
+            finally:
+                if self._grader_slots is not None:
+                    self._grader_slots.release()
+        except TimeoutError:
+            if budget is not None and time.monotonic() - started >= budget:
+                return _timeout_result("grader", budget, 0.0, graded)
+            return ExecutionResult.failure(
+                "grader raised TimeoutError", RolloutErrorCategory.TIMEOUT, graded
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.info("rollout %s: grader failed: %r", request.id, exc)
+            return ExecutionResult.failure(_describe(exc), categorize_exception(exc), graded)
+        if budget is not None and time.monotonic() - started > budget:
+            return _timeout_result("grader", budget, 0.0, graded)
+        if graded.reward is None and not graded.remove_sample:
+            return ExecutionResult.failure(
+                "Sample has no reward after grading: call ctx.set_reward(x) in grade()",
+                RolloutErrorCategory.VALIDATION_ERROR,
+                graded,
+            )
+        return ExecutionResult(RolloutStatus.SUCCESS, graded)
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    async def _artifacts_dir(self, rollout_id: str) -> Path | None:
+        target = self.artifact_root / rollout_id / "artifacts"
+        delay = 0.5
+        for attempt in range(3):
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+                probe = target / _PROBE_NAME
+                probe.write_bytes(b"ok")
+                probe.unlink()
+                return target
+            except OSError as exc:
+                if attempt == 2:
+                    logger.warning("rollout %s: no artifacts dir at %s: %s", rollout_id, target, exc)
+                    return None
+                await asyncio.sleep(delay)
+                delay *= 2
+        return None
+
+    def _set_status(self, tracked: _Tracked, status: RolloutStatus) -> None:
+        if not tracked.status.is_terminal:
+            tracked.status = status
+
+    def _finish(
+        self,
+        rollout_id: str,
+        tracked: _Tracked,
+        status: RolloutStatus,
+        sample: RolloutSample | None,
+        err_message: str | None,
+    ) -> None:
+        if tracked.status.is_terminal:
+            return
+        tracked.status = status
+        tracked.reward = sample.reward if sample is not None else None
+        tracked.err_message = err_message
+        tracked.task = None
+        tracked.finished_at = time.monotonic()
+        self._finished.append((tracked.finished_at, rollout_id, tracked))
+        self._expire()
+
+    def _expire(self) -> None:
+        horizon = time.monotonic() - self.status_retention_sec
+        finished = self._finished
+        while finished and finished[0][0] <= horizon:
+            _, rollout_id, tracked = finished.popleft()
+            if self._tracked.get(rollout_id) is tracked:
+                del self._tracked[rollout_id]
+
+
+def _live(tracked: _Tracked) -> bool:
+    return not tracked.status.is_terminal
+
+
+class _maybe_context:
+    """Use the ambient rollout context, or enter a fresh one when called outside a server."""
+
+    def __init__(self, existing: RolloutContext | None, rollout_id: str) -> None:
+        self._existing = existing
+        self._fresh: RolloutContext | None = None
+        self._rollout_id = rollout_id
+
+    async def __aenter__(self) -> RolloutContext:
+        if self._existing is not None:
+            return self._existing
+        self._fresh = RolloutContext(rollout_id=self._rollout_id)
+        return self._fresh.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._fresh is not None:
+            self._fresh.__exit__(None, None, None)
+
+
+async def _notify(callback: ResultCallback | None, result: ExecutionResult, phase: str) -> None:
+    if callback is None:
+        return
+    try:
+        await callback(result)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("on_%s_complete callback failed", phase)
+
+
+def _timeout_result(
+    phase: str, budget: float | None, queued_for: float, sample: RolloutSample | None = None
+) -> ExecutionResult:
+    message = f"{phase} exceeded its {budget:g}s deadline"
+    if queued_for >= 0.001:
+        message += f" ({queued_for:.3f}s of it spent queued)"
+    return ExecutionResult.failure(message, RolloutErrorCategory.TIMEOUT, sample)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+def _resolve_class(value: Any, base: type[Any], what: str) -> Any:
+    obj = resolve_object(value) if isinstance(value, str) else value
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        raise TypeError(f"{what} must be a {base.__name__} subclass or its 'module:Class' path, got {obj!r}")
+    return obj
+
+
+def _resolve_config(value: Any, base: type[Any], what: str) -> Any:
+    if value is None:
+        return None
+    obj = resolve_object(value) if isinstance(value, str) else value
+    if not isinstance(obj, base):
+        raise TypeError(f"{what} must be a {base.__name__} instance or its 'module:attr' path, got {obj!r}")
+    try:
+        copy.deepcopy(obj)
+    except Exception as exc:
+        raise TypeError(
+            f"{what} must be deep-copyable (each rollout gets its own copy): {exc}"
+        ) from exc
+    return obj

@@ -1,0 +1,13 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def artifact_root(tmp_path, monkeypatch):
+    """Point rollout artifacts at a temp dir for the test."""
+    root = tmp_path / "artifacts"
+    monkeypatch.setenv("_OSMOSIS_ROLLOUT_ARTIFACT_ROOT", str(root))
+    return root
