@@ -72,10 +72,15 @@ class LocalBackend(ExecutionBackend):
             ``$_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` or ``~/.osmosis``, read once here.
         project_path: passed to graders as ``ctx.project_path`` (default: the working dir).
         status_retention_sec: how long finished rollouts stay visible to :meth:`rollout_status`.
+        max_queue_depth: when set, the server answers 429 while this many rollouts wait for
+            a slot (default: queue without bound).
     """
 
     DEFAULT_MAX_CONCURRENT = 64
     """Concurrency when neither ``max_concurrent`` nor the workflow config sets one."""
+
+    reports_progress = True
+    """This backend reports ``running`` and ``grading`` through the rollout context."""
 
     def __init__(
         self,
@@ -88,6 +93,7 @@ class LocalBackend(ExecutionBackend):
         artifact_root: str | os.PathLike[str] | None = None,
         project_path: str | None = None,
         status_retention_sec: float = 900.0,
+        max_queue_depth: int | None = None,
     ) -> None:
         self.workflow_cls: type[AgentWorkflow[Any]] = _resolve_class(workflow, AgentWorkflow, "workflow")
         self.workflow_config: AgentWorkflowConfig | None = _resolve_config(
@@ -103,6 +109,9 @@ class LocalBackend(ExecutionBackend):
         self.artifact_root = Path(artifact_root) if artifact_root else default_artifact_root()
         self.project_path = project_path if project_path is not None else os.getcwd()
         self.status_retention_sec = status_retention_sec
+        if max_queue_depth is not None and max_queue_depth < 1:
+            raise ValueError(f"max_queue_depth must be >= 1 or None, got {max_queue_depth!r}")
+        self.max_queue_depth = max_queue_depth
 
         self._slots = asyncio.Semaphore(self.max_concurrent) if self.max_concurrent else None
         grader_limit = self.grader_config.concurrency.max_concurrent if self.grader_config else None
@@ -121,6 +130,9 @@ class LocalBackend(ExecutionBackend):
         return configured if configured is not None else self.DEFAULT_MAX_CONCURRENT
 
     # -- backend interface -------------------------------------------------------------
+
+    def has_capacity(self) -> bool:
+        return self.max_queue_depth is None or self._queued < self.max_queue_depth
 
     def health(self) -> dict[str, Any]:
         return {
@@ -218,6 +230,7 @@ class LocalBackend(ExecutionBackend):
         self._running += 1
         try:
             self._set_status(tracked, RolloutStatus.RUNNING)
+            await rctx.set_status(RolloutStatus.RUNNING)
             queued_for = time.monotonic() - admitted
             if deadline is not None and time.monotonic() >= deadline:
                 return _timeout_result("workflow", budget, queued_for)

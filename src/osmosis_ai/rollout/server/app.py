@@ -1,0 +1,261 @@
+"""``create_rollout_server``: a FastAPI app serving an execution backend over HTTP.
+
+Both protocol generations share one ``POST /rollout``: a body naming
+``completion_callback_url`` runs the callback generation (202 ``{}``, then completion and
+grader callbacks); any other body runs the polling generation (202 with a lease, then
+``GET /rollout/{id}/result`` long-polls). Status, cancel and health serve both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from osmosis_ai.errors import MissingExtraError
+
+try:
+    import httpx
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environment
+    raise MissingExtraError("server", "osmosis_ai.rollout.server", _exc.name) from _exc
+
+from pydantic import ValidationError
+
+from osmosis_ai.consts import PACKAGE_VERSION
+from osmosis_ai.rollout.backend.base import ExecutionBackend
+from osmosis_ai.rollout.protocol import (
+    POLLING_LEASE_HEADER,
+    CancelRolloutsRequest,
+    RolloutInitRequest,
+)
+from osmosis_ai.rollout.server.execution import RolloutRunner
+from osmosis_ai.rollout.server.guard import GuardMiddleware
+from osmosis_ai.rollout.server.registry import DuplicateRolloutError, Registry
+from osmosis_ai.rollout.status import RolloutStatus
+
+logger = logging.getLogger("osmosis_ai.rollout.server")
+
+DEFAULT_RESULT_WAIT_TIMEOUT_SEC = 30.0
+DEFAULT_POLLING_LEASE_TIMEOUT_SEC = 120.0
+DEFAULT_RESULT_RETENTION_SEC = 900.0
+DEFAULT_DRAIN_TIMEOUT_SEC = 10.0
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+API_KEY_ENV = "OSMOSIS_ROLLOUT_SERVER_API_KEY"
+INSTANCE_ID_ENV = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
+RETRY_AFTER_SEC = 5
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]
+
+
+def create_rollout_server(
+    *,
+    backend: ExecutionBackend,
+    lifespan: Lifespan | None = None,
+    configure_logging: bool = True,
+    result_wait_timeout_sec: float = DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    polling_lease_timeout_sec: float = DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    result_retention_sec: float = DEFAULT_RESULT_RETENTION_SEC,
+    api_key: str | None = None,
+    drain_timeout_sec: float = DEFAULT_DRAIN_TIMEOUT_SEC,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    save_trajectories: bool = True,
+) -> FastAPI:
+    """Build the rollout server for ``backend``.
+
+    Args:
+        backend: runs each admitted rollout.
+        lifespan: the caller's own lifespan, entered around the server's.
+        configure_logging: install INFO logging when the process has no handlers.
+        result_wait_timeout_sec: how long one result poll blocks without a status change.
+        polling_lease_timeout_sec: how long a polling rollout survives without a poll;
+            must exceed ``result_wait_timeout_sec``.
+        result_retention_sec: how long a finished rollout's result stays readable.
+        api_key: require ``Authorization: Bearer <api_key>`` on every path. Defaults to
+            ``$OSMOSIS_ROLLOUT_SERVER_API_KEY``; unset means no auth.
+        drain_timeout_sec: on shutdown, how long running rollouts may finish before they
+            are cancelled.
+        max_body_bytes: larger request bodies get 413.
+        save_trajectories: write ``trajectory.json`` per rollout under the artifact root.
+    """
+    _check_timeouts(result_wait_timeout_sec, polling_lease_timeout_sec, result_retention_sec)
+    if api_key is None:
+        api_key = os.environ.get(API_KEY_ENV) or None
+    elif not api_key.strip():
+        raise ValueError("api_key must be a non-blank string, or None to disable auth")
+    if configure_logging and not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    process_id = uuid.uuid4().hex
+    instance_id = os.environ.get(INSTANCE_ID_ENV) or process_id
+    state = _ServerState()
+    runner_box: list[RolloutRunner] = []
+
+    def runner() -> RolloutRunner:
+        return runner_box[0]
+
+    @contextlib.asynccontextmanager
+    async def server_lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        registry = Registry(
+            polling_lease_timeout_sec=polling_lease_timeout_sec,
+            result_retention_sec=result_retention_sec,
+            on_lease_expired=lambda entry: runner().stop_execution(entry),
+        )
+        runner_box.append(
+            RolloutRunner(backend, registry, client, save_trajectories=save_trajectories)
+        )
+        state.accepting = True
+        try:
+            if lifespan is None:
+                yield
+            else:
+                async with lifespan(app):
+                    yield
+        finally:
+            state.accepting = False
+            await runner().drain(drain_timeout_sec)
+            await client.aclose()
+            await backend.shutdown()
+            runner_box.clear()
+
+    app = FastAPI(title="osmosis rollout server", version=PACKAGE_VERSION, lifespan=server_lifespan)
+    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
+
+    @app.post("/rollout", status_code=202)
+    async def submit_rollout(request: Request) -> Response:
+        """Admit a rollout (either generation)."""
+        body = await request.body()
+        try:
+            init = RolloutInitRequest.model_validate_json(body)
+        except ValidationError as exc:
+            return _validation_error(exc)
+        if not state.accepting:
+            return JSONResponse({"detail": "rollout server is shutting down"}, status_code=503)
+        if not backend.has_capacity():
+            return JSONResponse(
+                {"detail": "rollout queue is full; retry later"},
+                status_code=429,
+                headers={"Retry-After": str(RETRY_AFTER_SEC)},
+            )
+        try:
+            admitted = runner().start(init)
+        except DuplicateRolloutError:
+            return JSONResponse({"detail": "rollout_id is already registered"}, status_code=409)
+        if admitted.lease is None:
+            return Response(b"{}", status_code=202, media_type="application/json")
+        return Response(
+            json.dumps(
+                {
+                    "rollout_id": admitted.rollout_id,
+                    "status": RolloutStatus.QUEUED.value,
+                    "polling_lease_token": admitted.lease,
+                    "result_wait_timeout_sec": result_wait_timeout_sec,
+                    "polling_lease_timeout_sec": polling_lease_timeout_sec,
+                }
+            ).encode(),
+            status_code=202,
+            media_type="application/json",
+        )
+
+    @app.get("/rollout/{rollout_id}/result")
+    async def rollout_result(rollout_id: str, request: Request) -> Response:
+        """Long-poll a polling-generation rollout with its lease."""
+        token = request.headers.get(POLLING_LEASE_HEADER)
+        if not token:
+            return JSONResponse(
+                {
+                    "detail": [
+                        {
+                            "type": "missing",
+                            "loc": ["header", POLLING_LEASE_HEADER],
+                            "msg": f"the {POLLING_LEASE_HEADER} header is required",
+                        }
+                    ]
+                },
+                status_code=422,
+            )
+        entry = runner().registry.entries.get(rollout_id)
+        if entry is None or entry.generation != "polling":
+            return JSONResponse({"detail": "unknown rollout_id"}, status_code=404)
+        if not runner().registry.lease_matches(entry, token):
+            return JSONResponse({"detail": "invalid polling lease"}, status_code=403)
+        body = await runner().registry.poll(entry, result_wait_timeout_sec)
+        return Response(body, media_type="application/json")
+
+    @app.get("/rollout/{rollout_id}/status")
+    async def rollout_status(rollout_id: str) -> dict[str, Any]:
+        """Current status of a rollout of either generation (``unknown`` if never seen)."""
+        return runner().status(rollout_id)
+
+    @app.post("/rollout/cancel")
+    async def cancel_rollouts(request: Request) -> Response:
+        """Cancel by ``ids``, ``prefix`` or ``all`` (exactly one)."""
+        try:
+            cancel = CancelRolloutsRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return _validation_error(exc)
+        dispositions = runner().cancel(cancel.ids, cancel.prefix, cancel.all)
+        return JSONResponse({"dispositions": dispositions})
+
+    @app.get("/health")
+    async def health() -> Response:
+        """Backend health, capacity, identity and admission state."""
+        body = dict(backend.health())
+        body["instance_id"] = instance_id
+        body["process_id"] = process_id
+        body["lifecycle"] = {
+            "accepting_rollouts": state.accepting,
+            "active_rollouts": runner().registry.active if runner_box else 0,
+        }
+        return JSONResponse(
+            body,
+            headers={
+                "x-osmosis-rollout-instance-id": instance_id,
+                "x-osmosis-rollout-sdk-version": PACKAGE_VERSION,
+            },
+        )
+
+    app.state.osmosis_process_id = process_id
+    return app
+
+
+class _ServerState:
+    def __init__(self) -> None:
+        self.accepting = False
+        self.started_at = time.time()
+
+
+def _check_timeouts(wait: float, lease: float, retention: float) -> None:
+    import math
+
+    if not (math.isfinite(wait) and wait > 0):
+        raise ValueError(f"result_wait_timeout_sec must be a finite number > 0, got {wait!r}")
+    if not (math.isfinite(lease) and lease > wait):
+        raise ValueError(
+            f"polling_lease_timeout_sec must be finite and greater than result_wait_timeout_sec "
+            f"({wait!r}), got {lease!r}"
+        )
+    if not (math.isfinite(retention) and retention >= 0):
+        raise ValueError(f"result_retention_sec must be a finite number >= 0, got {retention!r}")
+
+
+def _clean(message: str) -> str:
+    return message.removeprefix("Value error, ")
+
+
+def _validation_error(exc: ValidationError) -> JSONResponse:
+    # Inputs are not echoed back: a body may carry API keys.
+    detail = [
+        {"type": err["type"], "loc": ["body", *err["loc"]], "msg": _clean(err["msg"])}
+        for err in exc.errors(include_url=False, include_input=False)
+    ]
+    return JSONResponse({"detail": detail}, status_code=422)
+

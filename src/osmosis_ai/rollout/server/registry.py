@@ -1,0 +1,258 @@
+"""The server's table of admitted rollouts: status, polling leases, results, retention.
+
+One entry per rollout id. Polling-generation entries hold a lease (only its SHA-256 digest
+is kept) that every poll renews; when polls stop for longer than the lease, a timer fails
+the rollout with ``lease_expired``. Terminal results are kept, pre-encoded, for the
+retention period, after which the id is forgotten and may be admitted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from osmosis_ai.rollout.protocol import Generation
+from osmosis_ai.rollout.sample import RolloutSample
+from osmosis_ai.rollout.status import RolloutErrorCategory, RolloutStatus
+
+
+class DuplicateRolloutError(Exception):
+    """A polling-generation request reused an id the server still holds."""
+
+
+@dataclass
+class Entry:
+    """One admitted rollout."""
+
+    rollout_id: str
+    generation: Generation
+    status: RolloutStatus = RolloutStatus.QUEUED
+    task: asyncio.Task[None] | None = None
+    lease_digest: bytes | None = None
+    lease_deadline: float = 0.0
+    lease_timer: asyncio.TimerHandle | None = None
+    reward: float | None = None
+    err_message: str | None = None
+    result_body: bytes | None = None
+    cancel_disposition: str | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def terminal(self) -> bool:
+        return self.result_body is not None
+
+    def progress_body(self) -> bytes:
+        return json.dumps(
+            {
+                "rollout_id": self.rollout_id,
+                "status": self.status.value,
+                "sample": None,
+                "err_message": None,
+                "err_category": None,
+            }
+        ).encode()
+
+
+def result_body(
+    rollout_id: str,
+    status: RolloutStatus,
+    sample: RolloutSample | None,
+    err_message: str | None,
+    err_category: RolloutErrorCategory | None,
+) -> bytes:
+    """Encode a terminal result, nulling the reward unless the rollout succeeded and counts."""
+    return json.dumps(
+        {
+            "rollout_id": rollout_id,
+            "status": status.value,
+            "sample": wire_sample(sample, status),
+            "err_message": err_message,
+            "err_category": None if err_category is None else err_category.value,
+        },
+        allow_nan=False,
+    ).encode()
+
+
+def wire_sample(sample: RolloutSample | None, status: RolloutStatus) -> dict[str, Any] | None:
+    """The sample as sent: reward nulled unless ``success`` and not removed; a sample whose
+    messages cannot be JSON-encoded is replaced by a minimal one so an earned reward arrives."""
+    if sample is None:
+        return None
+    data = sample.wire_dict()
+    if status != RolloutStatus.SUCCESS or sample.remove_sample:
+        data["reward"] = None
+    try:
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError):
+        data = {
+            "messages": [],
+            "label": data["label"],
+            "reward": data["reward"],
+            "remove_sample": data["remove_sample"],
+            "metrics": {},
+            "extra_fields": {},
+        }
+    return data
+
+
+class Registry:
+    """Admitted rollouts by id, with lease and retention timers on the running loop."""
+
+    def __init__(
+        self,
+        *,
+        polling_lease_timeout_sec: float,
+        result_retention_sec: float,
+        on_lease_expired: Callable[[Entry], None],
+    ) -> None:
+        self.lease_timeout = polling_lease_timeout_sec
+        self.retention = result_retention_sec
+        self._on_lease_expired = on_lease_expired
+        self.entries: dict[str, Entry] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    # -- admission -----------------------------------------------------------------------
+
+    def admit(self, rollout_id: str, generation: Generation) -> tuple[Entry, str | None]:
+        """Register a rollout; returns the entry and, for the polling generation, its lease."""
+        existing = self.entries.get(rollout_id)
+        if existing is not None and (generation == "polling" or existing.generation == "polling"):
+            raise DuplicateRolloutError(rollout_id)
+        entry = Entry(rollout_id, generation)
+        token: str | None = None
+        if generation == "polling":
+            token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+            entry.lease_digest = hashlib.sha256(token.encode()).digest()
+            entry.lease_deadline = time.monotonic() + self.lease_timeout
+            entry.lease_timer = asyncio.get_running_loop().call_at(
+                entry.lease_deadline, self._lease_check, entry
+            )
+        self.entries[rollout_id] = entry
+        return entry, token
+
+    def attach(self, entry: Entry, task: asyncio.Task[None]) -> None:
+        entry.task = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    @property
+    def active(self) -> int:
+        return len(self.tasks)
+
+    # -- status and results ----------------------------------------------------------------
+
+    def set_status(self, entry: Entry, status: RolloutStatus) -> None:
+        if entry.terminal or entry.status == status:
+            return
+        entry.status = status
+        self._notify(entry)
+
+    def finish(
+        self,
+        entry: Entry,
+        status: RolloutStatus,
+        sample: RolloutSample | None,
+        err_message: str | None,
+        err_category: RolloutErrorCategory | None,
+    ) -> bool:
+        """Publish the terminal result once; later calls are ignored (returns False)."""
+        if entry.terminal:
+            return False
+        entry.result_body = result_body(entry.rollout_id, status, sample, err_message, err_category)
+        entry.status = status
+        entry.reward = (
+            sample.reward
+            if sample is not None and status == RolloutStatus.SUCCESS and not sample.remove_sample
+            else None
+        )
+        entry.err_message = err_message
+        if entry.lease_timer is not None:
+            entry.lease_timer.cancel()
+            entry.lease_timer = None
+        asyncio.get_running_loop().call_later(self.retention, self._retire, entry)
+        self._notify(entry)
+        return True
+
+    def _notify(self, entry: Entry) -> None:
+        entry.changed.set()
+        entry.changed = asyncio.Event()
+
+    # -- polling ---------------------------------------------------------------------------
+
+    def lease_matches(self, entry: Entry, token: str) -> bool:
+        if entry.lease_digest is None:
+            return False
+        return hmac.compare_digest(entry.lease_digest, hashlib.sha256(token.encode()).digest())
+
+    async def poll(self, entry: Entry, wait_sec: float) -> bytes:
+        """Renew the lease, then wait for a status change or ``wait_sec``; return the state."""
+        if entry.terminal:
+            assert entry.result_body is not None
+            return entry.result_body
+        now = time.monotonic()
+        if now >= entry.lease_deadline:
+            self._expire(entry)
+        else:
+            entry.lease_deadline = now + self.lease_timeout
+            changed = entry.changed
+            try:
+                await asyncio.wait_for(changed.wait(), wait_sec)
+            except TimeoutError:
+                pass
+            entry.lease_deadline = max(entry.lease_deadline, time.monotonic() + self.lease_timeout)
+        return entry.result_body if entry.result_body is not None else entry.progress_body()
+
+    def _lease_check(self, entry: Entry) -> None:
+        entry.lease_timer = None
+        if entry.terminal:
+            return
+        now = time.monotonic()
+        if now < entry.lease_deadline:
+            entry.lease_timer = asyncio.get_running_loop().call_at(
+                entry.lease_deadline, self._lease_check, entry
+            )
+            return
+        self._expire(entry)
+
+    def _expire(self, entry: Entry) -> None:
+        if self.finish(
+            entry,
+            RolloutStatus.FAILURE,
+            None,
+            "polling lease expired",
+            RolloutErrorCategory.LEASE_EXPIRED,
+        ):
+            self._on_lease_expired(entry)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def _retire(self, entry: Entry) -> None:
+        if entry.task is not None and not entry.task.done():
+            entry.task.add_done_callback(lambda _task: self._drop(entry))
+            return
+        self._drop(entry)
+
+    def _drop(self, entry: Entry) -> None:
+        if self.entries.get(entry.rollout_id) is entry:
+            del self.entries[entry.rollout_id]
+
+    # -- selection -------------------------------------------------------------------------
+
+    def select(
+        self, ids: list[str] | None, prefix: str | None, all: bool
+    ) -> list[tuple[str, Entry | None]]:
+        """Entries named by a cancel selector; ``prefix``/``all`` pick only live rollouts."""
+        if ids is not None:
+            return [(i, self.entries.get(i)) for i in dict.fromkeys(ids)]
+        live = [(i, e) for i, e in self.entries.items() if not e.terminal]
+        if prefix is not None:
+            return [(i, e) for i, e in live if i.startswith(prefix)]
+        return live if all else []

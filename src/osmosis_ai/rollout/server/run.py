@@ -1,0 +1,47 @@
+"""The entrypoint convention: serve on ``$_OSMOSIS_ROLLOUT_PORT`` (default 8000)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+PORT_ENV = "_OSMOSIS_ROLLOUT_PORT"
+HOST_ENV = "OSMOSIS_ROLLOUT_HOST"
+DEFAULT_PORT = 8000
+DEFAULT_HOST = "127.0.0.1"
+
+
+def resolve_port(port: int | None = None) -> int:
+    if port is not None:
+        return port
+    raw = os.environ.get(PORT_ENV, "")
+    if not raw:
+        return DEFAULT_PORT
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{PORT_ENV}={raw!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{PORT_ENV}={raw!r} is outside 0-65535")
+    return value
+
+
+def run_rollout_server(
+    app: Any, *, host: str | None = None, port: int | None = None, **uvicorn_options: Any
+) -> None:
+    """Serve ``app`` with uvicorn until interrupted.
+
+    The port comes from ``port``, else ``$_OSMOSIS_ROLLOUT_PORT``, else 8000; the host from
+    ``host``, else ``$OSMOSIS_ROLLOUT_HOST``, else 127.0.0.1 (loopback only: set
+    ``OSMOSIS_ROLLOUT_HOST=0.0.0.0`` to accept remote controllers, ideally with an api_key).
+    """
+    import uvicorn
+
+    options: dict[str, Any] = {"log_level": "info", "timeout_keep_alive": 2160}
+    options.update(uvicorn_options)
+    uvicorn.run(
+        app,
+        host=host or os.environ.get(HOST_ENV) or DEFAULT_HOST,
+        port=resolve_port(port),
+        **options,
+    )

@@ -1,0 +1,315 @@
+"""LocalBackend: phases, deadlines, grader rules, concurrency, status and cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from osmosis_ai.rollout import (
+    AgentWorkflow,
+    AgentWorkflowConfig,
+    AgentWorkflowOutput,
+    ConcurrencyConfig,
+    ExecutionRequest,
+    ExecutionResult,
+    Grader,
+    GraderConfig,
+    LocalBackend,
+    RolloutContext,
+    RolloutErrorCategory,
+    RolloutSample,
+    RolloutStatus,
+    SampleSource,
+    get_rollout_context,
+)
+
+ANSWER = [{"role": "assistant", "content": "42"}]
+
+
+class EchoWorkflow(AgentWorkflow[AgentWorkflowConfig]):
+    async def run(self, ctx):
+        return [*ctx.prompt, *ANSWER]
+
+
+class ExactGrader(Grader):
+    async def grade(self, ctx):
+        assert ctx.sample is not None
+        ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"] == ctx.label else 0.0)
+
+
+class SleepyWorkflow(AgentWorkflow[AgentWorkflowConfig]):
+    started: list[str] = []  # noqa: RUF012
+
+    async def run(self, ctx):
+        SleepyWorkflow.started.append(ctx.metadata["id"])
+        await asyncio.sleep(ctx.metadata.get("sleep", 0.2))
+        return ANSWER
+
+
+def req(rid: str = "r1", **kw) -> ExecutionRequest:
+    kw.setdefault("prompt", [{"role": "user", "content": "q"}])
+    kw.setdefault("label", "42")
+    return ExecutionRequest(id=rid, **kw)
+
+
+async def test_success_path_reports_both_phases(artifact_root):
+    backend = LocalBackend(workflow=EchoWorkflow, grader=ExactGrader)
+    seen: list[tuple[str, ExecutionResult]] = []
+
+    async def on_wf(r):
+        seen.append(("wf", r))
+
+    async def on_gr(r):
+        seen.append(("gr", r))
+
+    outcome = await backend.execute(req(), on_wf, on_gr)
+    assert [s[0] for s in seen] == ["wf", "gr"]
+    assert outcome.result.status is RolloutStatus.SUCCESS
+    assert outcome.result.sample is not None and outcome.result.sample.reward == 1.0
+    assert outcome.workflow.sample is not None and outcome.workflow.sample.reward is None
+    assert outcome.result.sample.label == "42"
+    assert backend.rollout_status("r1") == {"status": "success", "reward": 1.0, "err_message": None}
+    assert (artifact_root / "r1" / "artifacts").is_dir()
+    assert not list((artifact_root / "r1" / "artifacts").iterdir())
+
+
+async def test_strings_resolve_and_config_is_deep_copied_per_rollout(artifact_root):
+    class Mutating(AgentWorkflow[AgentWorkflowConfig]):
+        async def run(self, ctx):
+            assert ctx.config is not self.config or ctx.config is not CONFIG
+            ctx.config.seen.append(1)
+            return AgentWorkflowOutput(messages=ANSWER, metrics={"n": len(ctx.config.seen)})
+
+    globals()["Mutating"] = Mutating
+    backend = LocalBackend(workflow=f"{__name__}:Mutating", workflow_config=f"{__name__}:CONFIG")
+    for i in range(3):
+        outcome = await backend.execute(req(f"r{i}", grade=False))
+        assert outcome.result.sample is not None
+        assert outcome.result.sample.metrics == {"n": 1}
+    assert CONFIG.seen == []  # type: ignore[attr-defined]
+
+
+CONFIG = AgentWorkflowConfig(name="cfg", seen=[])
+
+
+def test_bad_constructor_arguments_fail_clearly():
+    with pytest.raises(TypeError, match="AgentWorkflow subclass"):
+        LocalBackend(workflow=ExactGrader)  # type: ignore[arg-type]
+    with pytest.raises(ImportError, match="no attribute"):
+        LocalBackend(workflow=f"{__name__}:Nope")
+    with pytest.raises(ValueError, match="max_concurrent"):
+        LocalBackend(workflow=EchoWorkflow, max_concurrent=0)
+    with pytest.raises(TypeError):
+        LocalBackend(EchoWorkflow)  # type: ignore[misc]  # keyword-only
+
+
+def test_default_concurrency_is_one_documented_number():
+    assert LocalBackend(workflow=EchoWorkflow).max_concurrent == LocalBackend.DEFAULT_MAX_CONCURRENT
+    configured = AgentWorkflowConfig(name="x")
+    assert LocalBackend(workflow=EchoWorkflow, workflow_config=configured).max_concurrent == 64
+    limited = AgentWorkflowConfig(name="x", concurrency=ConcurrencyConfig(max_concurrent=3))
+    assert LocalBackend(workflow=EchoWorkflow, workflow_config=limited).max_concurrent == 3
+    assert LocalBackend(workflow=EchoWorkflow, max_concurrent=None).max_concurrent is None
+    health = LocalBackend(workflow=EchoWorkflow, max_concurrent=5).health()
+    assert health == {"status": "ok", "concurrency": {"max_concurrent": 5, "queued": 0, "running": 0}}
+
+
+async def test_concurrency_limit_and_queue_time_counts_against_deadline(artifact_root):
+    backend = LocalBackend(workflow=SleepyWorkflow, max_concurrent=1)
+    first = asyncio.create_task(
+        backend.execute(req("a", metadata={"id": "a", "sleep": 0.3}, grade=False))
+    )
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(
+        backend.execute(
+            req("b", metadata={"id": "b", "sleep": 0.01}, grade=False, agent_timeout_sec=0.2)
+        )
+    )
+    await asyncio.sleep(0.05)
+    assert backend.health()["concurrency"] == {"max_concurrent": 1, "queued": 1, "running": 1}
+    assert backend.rollout_status("b")["status"] == "queued"  # type: ignore[index]
+    out_b = await second
+    assert out_b.result.status is RolloutStatus.FAILURE
+    assert out_b.result.err_category is RolloutErrorCategory.TIMEOUT
+    assert "spent queued" in (out_b.result.err_message or "")
+    assert (await first).result.status is RolloutStatus.SUCCESS
+
+
+async def test_workflow_deadline_and_blocking_code(artifact_root):
+    class Blocking(AgentWorkflow[AgentWorkflowConfig]):
+        async def run(self, ctx):
+            time.sleep(0.15)  # blocks the loop: the deadline cannot interrupt it
+            return ANSWER
+
+    backend = LocalBackend(workflow=SleepyWorkflow)
+    out = await backend.execute(req(metadata={"id": "x", "sleep": 5}, agent_timeout_sec=0.1))
+    assert out.result.err_message == "workflow exceeded its 0.1s deadline"
+    assert out.grader is None
+    blocking = LocalBackend(workflow=Blocking)
+    out = await blocking.execute(req(agent_timeout_sec=0.05))
+    assert out.result.err_category is RolloutErrorCategory.TIMEOUT
+    expired = await backend.execute(req("z", metadata={"id": "z"}, agent_timeout_sec=0))
+    assert expired.result.err_category is RolloutErrorCategory.TIMEOUT
+
+
+async def test_grader_deadline_is_independent(artifact_root):
+    class SlowGrader(Grader):
+        async def grade(self, ctx):
+            await asyncio.sleep(1)
+
+    backend = LocalBackend(workflow=EchoWorkflow, grader=SlowGrader)
+    out = await backend.execute(req(agent_timeout_sec=0.05, grader_timeout_sec=0.1))
+    assert out.workflow.status is RolloutStatus.SUCCESS
+    assert out.result.err_message == "grader exceeded its 0.1s deadline"
+    assert out.result.err_category is RolloutErrorCategory.TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("grader", "label", "metadata", "message"),
+    [
+        (None, "42", None, "no grader is configured"),
+        (ExactGrader, None, None, "neither a label nor metadata"),
+    ],
+)
+async def test_grader_rules(artifact_root, grader, label, metadata, message):
+    backend = LocalBackend(workflow=EchoWorkflow, grader=grader)
+    out = await backend.execute(req(label=label, metadata=metadata))
+    assert out.result.status is RolloutStatus.FAILURE
+    assert message in (out.result.err_message or "")
+
+
+async def test_grader_without_reward_and_grader_exceptions(artifact_root):
+    class Lazy(Grader):
+        async def grade(self, ctx):
+            return 1.0  # returning is not setting
+
+    class Broken(Grader):
+        async def grade(self, ctx):
+            raise KeyError("label")
+
+    class Remover(Grader):
+        async def grade(self, ctx):
+            ctx.sample.remove_sample = True
+
+    out = await LocalBackend(workflow=EchoWorkflow, grader=Lazy).execute(req())
+    assert "no reward after grading" in (out.result.err_message or "")
+    out = await LocalBackend(workflow=EchoWorkflow, grader=Broken).execute(req())
+    assert out.result.err_category is RolloutErrorCategory.AGENT_ERROR
+    assert out.result.err_message == "'label'"
+    out = await LocalBackend(workflow=EchoWorkflow, grader=Remover).execute(req())
+    assert out.result.status is RolloutStatus.SUCCESS
+    assert out.result.sample is not None and out.result.sample.remove_sample
+
+
+async def test_workflow_errors_are_categorised(artifact_root):
+    class Raises(AgentWorkflow[AgentWorkflowConfig]):
+        async def run(self, ctx):
+            raise ctx.metadata["exc"]
+
+    class ReturnsJunk(AgentWorkflow[AgentWorkflowConfig]):
+        async def run(self, ctx):
+            return "not messages"
+
+    backend = LocalBackend(workflow=Raises, grader=ExactGrader)
+    for exc, category in [
+        (ValueError("bad"), RolloutErrorCategory.VALIDATION_ERROR),
+        (RuntimeError("boom"), RolloutErrorCategory.AGENT_ERROR),
+        (TimeoutError(), RolloutErrorCategory.TIMEOUT),
+    ]:
+        out = await backend.execute(req(metadata={"exc": exc}))
+        assert out.result.status is RolloutStatus.FAILURE
+        assert out.result.err_category is category
+        assert out.grader is None
+    out = await LocalBackend(workflow=ReturnsJunk).execute(req())
+    assert out.result.err_category is RolloutErrorCategory.VALIDATION_ERROR
+
+
+async def test_sample_source_fallback_and_context(artifact_root):
+    class Source(SampleSource):
+        async def get_sample(self):
+            return RolloutSample(messages=ANSWER)
+
+    class UsesSource(AgentWorkflow[AgentWorkflowConfig]):
+        async def run(self, ctx):
+            rctx = get_rollout_context()
+            assert rctx is not None and rctx.rollout_id == "src"
+            rctx.set_sample_source(Source())
+            return None
+
+    out = await LocalBackend(workflow=UsesSource, grader=ExactGrader).execute(req("src"))
+    assert out.result.sample is not None and out.result.sample.reward == 1.0
+    # Inside an ambient context the backend uses it rather than making its own.
+    with RolloutContext(chat_completions_url="http://m/v1", rollout_id="src") as rctx:
+        await LocalBackend(workflow=UsesSource).execute(req("src", grade=False))
+        assert rctx.sample_source is not None
+
+
+async def test_cancel_queued_and_running(artifact_root):
+    backend = LocalBackend(workflow=SleepyWorkflow, max_concurrent=1)
+    running = asyncio.create_task(backend.execute(req("run", metadata={"id": "run", "sleep": 5})))
+    queued = asyncio.create_task(backend.execute(req("q", metadata={"id": "q"})))
+    await asyncio.sleep(0.05)
+    assert backend.cancel_rollouts(ids=["q", "run", "nope"]) == {
+        "q": "cancelled_queued",
+        "run": "cancelled_running",
+        "nope": "not_found",
+    }
+    for task in (running, queued):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert backend.rollout_status("q")["status"] == "cancelled"  # type: ignore[index]
+    assert backend.cancel_rollouts(ids=["q"]) == {"q": "cancelled_queued"}  # idempotent
+    assert backend.cancel_rollouts(all=True) == {}
+    assert backend.health()["concurrency"] == {"max_concurrent": 1, "queued": 0, "running": 0}
+
+
+async def test_cancel_by_prefix(artifact_root):
+    backend = LocalBackend(workflow=SleepyWorkflow)
+    tasks = [
+        asyncio.create_task(backend.execute(req(f"{p}-{i}", metadata={"id": "p", "sleep": 5})))
+        for p in ("a", "b")
+        for i in range(2)
+    ]
+    await asyncio.sleep(0.05)
+    assert set(backend.cancel_rollouts(prefix="a-")) == {"a-0", "a-1"}
+    assert set(backend.cancel_rollouts(all=True).values()) == {"cancelled_running"}
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_unusable_artifact_root_gives_none(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+
+    class Check(AgentWorkflow[AgentWorkflowConfig]):
+        async def run(self, ctx):
+            assert ctx.artifacts_dir is None
+            return ANSWER
+
+    backend = LocalBackend(workflow=Check, artifact_root=blocker)
+    backend_retry_free = backend
+    out = await backend_retry_free.execute(req(grade=False))
+    assert out.result.status is RolloutStatus.SUCCESS
+
+
+async def test_grader_concurrency_limit(artifact_root):
+    active = 0
+    peak = 0
+
+    class Counting(Grader):
+        async def grade(self, ctx):
+            nonlocal active, peak
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.02)
+            active -= 1
+            ctx.set_reward(1.0)
+
+    backend = LocalBackend(
+        workflow=EchoWorkflow,
+        grader=Counting,
+        grader_config=GraderConfig(name="g", concurrency=ConcurrencyConfig(max_concurrent=2)),
+    )
+    await asyncio.gather(*(backend.execute(req(f"g{i}")) for i in range(6)))
+    assert peak == 2

@@ -1,0 +1,426 @@
+"""The rollout server, polling generation, driven over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from rollouts import (
+    TOOL_SCRIPT,
+    AnswerGrader,
+    MetadataGrader,
+    ScriptedBehaviour,
+    ToolWorkflow,
+    init_body,
+    poll_until_done,
+    rollout_server,
+)
+
+from osmosis_ai.rollout import (
+    ExecutionBackend,
+    ExecutionResult,
+    LocalBackend,
+    RolloutStatus,
+)
+from osmosis_ai.rollout.server import create_rollout_server
+from osmosis_ai.testing.model_server import ScriptedModelServer
+
+LEASE = "X-Osmosis-Rollout-Lease"
+
+
+@pytest.fixture
+async def model():
+    async with ScriptedModelServer(TOOL_SCRIPT, record_requests=True) as server:
+        yield server
+
+
+async def submit(client: httpx.AsyncClient, body: dict) -> str:
+    response = await client.post("/rollout", json=body)
+    assert response.status_code == 202, response.text
+    return response.json()["polling_lease_token"]
+
+
+async def test_tool_calling_rollout_end_to_end(model, artifact_root):
+    backend = LocalBackend(workflow=ToolWorkflow, grader=AnswerGrader)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        response = await client.post(
+            "/rollout", json=init_body("r1", f"{model.base_url}/rollouts/r1", extra_fields={"row": 3})
+        )
+        assert response.status_code == 202
+        admitted = response.json()
+        assert set(admitted) == {
+            "rollout_id",
+            "status",
+            "polling_lease_token",
+            "result_wait_timeout_sec",
+            "polling_lease_timeout_sec",
+        }
+        assert admitted["rollout_id"] == "r1" and admitted["status"] == "queued"
+        assert len(admitted["polling_lease_token"]) == 43
+        assert admitted["polling_lease_timeout_sec"] > admitted["result_wait_timeout_sec"]
+
+        result = await poll_until_done(client, "r1", admitted["polling_lease_token"])
+        # Trajectory is on disk before the terminal result is visible.
+        trajectory = json.loads((artifact_root / "r1" / "trajectory.json").read_text())
+
+    assert set(result) - {"_seen"} == {"rollout_id", "status", "sample", "err_message", "err_category"}
+    assert result["status"] == "success"
+    sample = result["sample"]
+    assert sample["reward"] == 1.0
+    assert "trajectory_messages" not in sample
+    assert [m["role"] for m in sample["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert sample["messages"][2]["content"] == "42"
+    assert sample["metrics"] == {"turns": 4.0}
+    assert [r.path for r in model.requests] == ["/v1/rollouts/r1/chat/completions"] * 2
+    assert all(r.headers["authorization"] == "Bearer llm-key" for r in model.requests)
+    assert trajectory["session_id"] == "r1"
+    assert trajectory["extra"]["osmosis"]["reward"] == 1.0
+    assert trajectory["extra"]["osmosis"]["request_extra_fields"] == {"row": 3}
+    assert (artifact_root / "r1" / "artifacts" / "notes.txt").read_text() == "multiplied"
+
+
+async def test_progress_statuses_are_reported(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with (
+        rollout_server(backend, result_wait_timeout_sec=5) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        lease = await submit(
+            client, init_body("p", "http://127.0.0.1:9/v1", metadata={"sleep": 0.2, "grader_sleep": 0.2})
+        )
+        await asyncio.sleep(0.05)
+        assert (await client.get("/rollout/p/status")).json()["status"] == "running"
+        result = await poll_until_done(client, "p", lease)
+    assert result["_seen"] == ["grading", "success"]  # each poll returns at a status change
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "reward", "has_sample"),
+    [
+        ({"metadata": {"reward": 0.0}}, "success", 0.0, True),
+        ({"metadata": {"remove": True}}, "success", None, True),
+        ({"grade": False}, "success", None, True),
+        ({"metadata": {"raise": "boom"}}, "failure", None, False),
+        ({"label": None, "metadata": None}, "failure", None, False),
+    ],
+)
+async def test_reward_nulling_rules(artifact_root, fields, status, reward, has_sample):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        lease = await submit(client, init_body("n", "http://127.0.0.1:9/v1", **fields))
+        result = await poll_until_done(client, "n", lease)
+    assert result["status"] == status
+    assert (result["sample"] is not None) == has_sample
+    if has_sample:
+        assert result["sample"]["reward"] == reward
+    if fields.get("metadata", {}) and "raise" in fields["metadata"]:
+        assert (result["err_message"], result["err_category"]) == ("boom", "validation_error")
+
+
+async def test_removed_sample_archives_real_reward(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        lease = await submit(client, init_body("rm", "http://127.0.0.1:9/v1", metadata={"remove": True}))
+        await poll_until_done(client, "rm", lease)
+    archived = json.loads((artifact_root / "rm" / "trajectory.json").read_text())
+    assert archived["extra"]["osmosis"]["reward"] == 1.0
+
+
+async def test_timeouts_become_failures(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        lease = await submit(
+            client, init_body("t", "http://127.0.0.1:9/v1", metadata={"sleep": 5}, agent_timeout_sec=0.2)
+        )
+        result = await poll_until_done(client, "t", lease)
+        assert result["err_category"] == "timeout"
+        assert result["err_message"] == "workflow exceeded its 0.2s deadline"
+        lease = await submit(
+            client,
+            init_body("g", "http://127.0.0.1:9/v1", metadata={"grader_sleep": 5}, grader_timeout_sec=0.2),
+        )
+        result = await poll_until_done(client, "g", lease)
+        assert (result["status"], result["err_category"]) == ("failure", "timeout")
+
+
+async def test_result_auth_order_and_idempotent_terminal_body(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        lease = await submit(client, init_body("a", "http://127.0.0.1:9/v1"))
+        missing = await client.get("/rollout/a/result")
+        assert missing.status_code == 422
+        assert LEASE in missing.text
+        assert (await client.get("/rollout/zz/result", headers={LEASE: lease})).status_code == 404
+        wrong = await client.get("/rollout/a/result", headers={LEASE: "x" * 43})
+        assert (wrong.status_code, wrong.json()) == (403, {"detail": "invalid polling lease"})
+        first = await poll_until_done(client, "a", lease)
+        again = await client.get("/rollout/a/result", headers={LEASE: lease})
+        assert again.json() == {k: v for k, v in first.items() if k != "_seen"}
+        assert (await client.get("/rollout/a/result", headers={LEASE: "nope"})).status_code == 403
+        dup = await client.post("/rollout", json=init_body("a", "http://127.0.0.1:9/v1"))
+        assert (dup.status_code, dup.json()) == (409, {"detail": "rollout_id is already registered"})
+
+
+async def test_retention_then_id_is_free_again(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with (
+        rollout_server(backend, result_retention_sec=0.2) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        lease = await submit(client, init_body("ret", "http://127.0.0.1:9/v1"))
+        await poll_until_done(client, "ret", lease)
+        await asyncio.sleep(0.4)
+        assert (await client.get("/rollout/ret/result", headers={LEASE: lease})).status_code == 404
+        await submit(client, init_body("ret", "http://127.0.0.1:9/v1"))
+
+
+async def test_lease_expiry_cancels_the_rollout(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    options = {"result_wait_timeout_sec": 0.1, "polling_lease_timeout_sec": 0.3}
+    async with rollout_server(backend, **options) as url, httpx.AsyncClient(base_url=url) as client:
+        lease = await submit(client, init_body("le", "http://127.0.0.1:9/v1", metadata={"sleep": 30}))
+        await asyncio.sleep(0.6)
+        status = (await client.get("/rollout/le/status")).json()
+        assert status["status"] == "failure" and status["err_message"] == "polling lease expired"
+        result = (await client.get("/rollout/le/result", headers={LEASE: lease})).json()
+        assert result == {
+            "rollout_id": "le",
+            "status": "failure",
+            "sample": None,
+            "err_message": "polling lease expired",
+            "err_category": "lease_expired",
+        }
+        await asyncio.sleep(0.05)
+        health = (await client.get("/health")).json()
+        assert health["lifecycle"]["active_rollouts"] == 0  # execution was cancelled
+        assert backend.rollout_status("le")["status"] == "cancelled"  # type: ignore[index]
+
+
+async def test_polling_keeps_the_lease_alive(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    options = {"result_wait_timeout_sec": 0.1, "polling_lease_timeout_sec": 0.3}
+    async with rollout_server(backend, **options) as url, httpx.AsyncClient(base_url=url) as client:
+        lease = await submit(client, init_body("alive", "http://127.0.0.1:9/v1", metadata={"sleep": 0.8}))
+        result = await poll_until_done(client, "alive", lease)
+    assert result["status"] == "success"
+
+
+async def test_cancel_selectors_and_dispositions(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader, max_concurrent=1)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        leases = {}
+        for rid in ("job-a", "job-b", "other"):
+            leases[rid] = await submit(client, init_body(rid, "http://127.0.0.1:9/v1", metadata={"sleep": 30}))
+        await asyncio.sleep(0.1)
+        for bad in ({}, {"ids": ["a"], "all": True}):
+            response = await client.post("/rollout/cancel", json=bad)
+            assert response.status_code == 422
+            assert "exactly one selector" in response.text
+        cancel = await client.post("/rollout/cancel", json={"ids": ["job-a", "job-b", "ghost"]})
+        assert cancel.json() == {
+            "dispositions": {
+                "job-a": "cancelled_running",
+                "job-b": "cancelled_queued",
+                "ghost": "not_found",
+            }
+        }
+        repeat = await client.post("/rollout/cancel", json={"ids": ["job-a"]})
+        assert repeat.json()["dispositions"]["job-a"] in ("cancelled_running", "not_found")
+        result = await poll_until_done(client, "job-a", leases["job-a"])
+        assert result == {
+            "rollout_id": "job-a",
+            "status": "cancelled",
+            "sample": None,
+            "err_message": "cancelled",
+            "err_category": None,
+            "_seen": result["_seen"],
+        }
+        assert (await client.post("/rollout/cancel", json={"ids": ["job-a"]})).json() == {
+            "dispositions": {"job-a": "not_found"}
+        }
+        by_prefix = await client.post("/rollout/cancel", json={"prefix": "oth"})
+        assert by_prefix.json() == {"dispositions": {"other": "cancelled_running"}}
+        assert (await poll_until_done(client, "other", leases["other"]))["status"] == "cancelled"
+        assert (await client.post("/rollout/cancel", json={"all": True})).json() == {"dispositions": {}}
+
+
+async def test_status_endpoint(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        assert (await client.get("/rollout/never/status")).json() == {
+            "rollout_id": "never",
+            "status": "unknown",
+            "reward": None,
+            "err_message": None,
+        }
+        lease = await submit(client, init_body("s", "http://127.0.0.1:9/v1", metadata={"reward": 0.5}))
+        await poll_until_done(client, "s", lease)
+        assert (await client.get("/rollout/s/status")).json()["reward"] == 0.5
+
+
+async def test_queue_full_answers_429(artifact_root):
+    backend = LocalBackend(
+        workflow=ScriptedBehaviour, grader=MetadataGrader, max_concurrent=1, max_queue_depth=1
+    )
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        await submit(client, init_body("q1", "http://127.0.0.1:9/v1", metadata={"sleep": 1}))
+        await submit(client, init_body("q2", "http://127.0.0.1:9/v1", metadata={"sleep": 1}))
+        await asyncio.sleep(0.05)
+        full = await client.post("/rollout", json=init_body("q3", "http://127.0.0.1:9/v1"))
+        assert full.status_code == 429
+        assert full.headers["retry-after"] == "5"
+        assert full.json() == {"detail": "rollout queue is full; retry later"}
+        await client.post("/rollout/cancel", json={"all": True})
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"initial_messages": []}, "chat_completions_url"),
+        ({"rollout_id": "x", "chat_completions_url": "http://a/v1"}, "initial_messages"),
+        ({"rollout_id": "x", "chat_completions_url": "http://a", "initial_messages": "hi"}, "initial_messages"),
+        ({"rollout_id": "../x", "chat_completions_url": "http://a", "initial_messages": []}, "rollout_id"),
+        ({"rollout_id": "x", "chat_completions_url": "http://a", "initial_messages": [], "llm_api_key": ""}, "llm_api_key"),
+        ({"rollout_id": "x", "chat_completions_url": "http://a", "initial_messages": [], "agent_timeout_sec": "inf"}, "agent_timeout_sec"),
+        ({"chat_completions_url": "http://a", "initial_messages": []}, "rollout_id"),
+    ],
+)  # fmt: skip
+async def test_malformed_requests_get_named_422s(artifact_root, body, field):
+    backend = LocalBackend(workflow=ScriptedBehaviour)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        response = await client.post("/rollout", json=body)
+        assert response.status_code == 422
+        assert field in response.text
+        assert "secret" not in response.text
+        assert (await client.get("/health")).status_code == 200
+
+
+async def test_bad_json_and_oversized_bodies(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour)
+    async with (
+        rollout_server(backend, max_body_bytes=2000) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        broken = await client.post("/rollout", content=b"{not json", headers={"content-type": "application/json"})
+        assert broken.status_code == 422
+        assert "json" in broken.text.lower()
+        big = init_body("big", "http://127.0.0.1:9/v1", label="x" * 5000)
+        too_large = await client.post("/rollout", json=big)
+        assert too_large.status_code == 413
+        assert "2000-byte limit" in too_large.json()["detail"]
+
+        async def chunks():
+            for _ in range(10):
+                yield b" " * 500
+
+        streamed = await client.post("/rollout", content=chunks())
+        assert streamed.status_code == 413
+        assert (await client.get("/health")).status_code == 200
+
+
+async def test_bearer_auth_on_every_path(artifact_root, monkeypatch):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with rollout_server(backend, api_key="server-secret") as url:
+        async with httpx.AsyncClient(base_url=url) as anonymous:
+            for method, path in [
+                ("GET", "/health"),
+                ("GET", "/docs"),
+                ("GET", "/openapi.json"),
+                ("POST", "/rollout"),
+                ("POST", "/rollout/cancel"),
+                ("GET", "/rollout/x/status"),
+                ("GET", "/rollout/x/result"),
+            ]:
+                response = await anonymous.request(method, path)
+                assert (response.status_code, response.json()) == (401, {"detail": "unauthorized"})
+            wrong = await anonymous.get("/health", headers={"Authorization": "Bearer server-secreT"})
+            assert wrong.status_code == 401
+        headers = {"Authorization": "Bearer server-secret"}
+        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+            assert (await client.get("/health")).status_code == 200
+            lease = await submit(client, init_body("auth", "http://127.0.0.1:9/v1"))
+            assert (await poll_until_done(client, "auth", lease))["status"] == "success"
+    monkeypatch.setenv("OSMOSIS_ROLLOUT_SERVER_API_KEY", "from-env")
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        assert (await client.get("/health")).status_code == 401
+        ok = await client.get("/health", headers={"Authorization": "Bearer from-env"})
+        assert ok.status_code == 200
+    with pytest.raises(ValueError, match="non-blank"):
+        create_rollout_server(backend=backend, api_key="  ")
+
+
+def test_server_option_validation():
+    backend = LocalBackend(workflow=ScriptedBehaviour)
+    with pytest.raises(ValueError, match="polling_lease_timeout_sec"):
+        create_rollout_server(backend=backend, result_wait_timeout_sec=30, polling_lease_timeout_sec=30)
+    with pytest.raises(ValueError, match="result_wait_timeout_sec"):
+        create_rollout_server(backend=backend, result_wait_timeout_sec=float("nan"))
+
+
+async def test_health_body_and_headers(artifact_root, monkeypatch):
+    monkeypatch.setenv("_OSMOSIS_ROLLOUT_INSTANCE_ID", "instance-7")
+    backend = LocalBackend(workflow=ScriptedBehaviour, max_concurrent=8)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        response = await client.get("/health")
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["concurrency"] == {"max_concurrent": 8, "queued": 0, "running": 0}
+    assert body["instance_id"] == "instance-7"
+    assert len(body["process_id"]) == 32
+    assert body["lifecycle"] == {"accepting_rollouts": True, "active_rollouts": 0}
+    assert response.headers["x-osmosis-rollout-instance-id"] == "instance-7"
+    assert response.headers["x-osmosis-rollout-sdk-version"]
+
+
+class CrashingBackend(ExecutionBackend):
+    async def execute(self, request, on_workflow_complete=None, on_grader_complete=None):
+        raise RuntimeError("disk on fire")
+
+
+class CallbackOnlyBackend(ExecutionBackend):
+    """Written for the callback-only interface: reports through callbacks, returns None."""
+
+    async def execute(self, request, on_workflow_complete=None, on_grader_complete=None):
+        from osmosis_ai.rollout import RolloutSample
+
+        sample = RolloutSample(messages=[{"role": "assistant", "content": "x"}], reward=0.25)
+        if on_workflow_complete:
+            await on_workflow_complete(ExecutionResult(RolloutStatus.SUCCESS, sample))
+        if on_grader_complete:
+            await on_grader_complete(ExecutionResult(RolloutStatus.SUCCESS, sample))
+
+
+async def test_backend_crash_and_callback_only_backends(artifact_root):
+    async with rollout_server(CrashingBackend()) as url, httpx.AsyncClient(base_url=url) as client:
+        lease = await submit(client, init_body("c", "http://127.0.0.1:9/v1"))
+        result = await poll_until_done(client, "c", lease)
+        assert (result["status"], result["err_message"], result["err_category"]) == (
+            "failure",
+            "disk on fire",
+            "agent_error",
+        )
+    async with rollout_server(CallbackOnlyBackend()) as url, httpx.AsyncClient(base_url=url) as client:
+        lease = await submit(client, init_body("cb", "http://127.0.0.1:9/v1"))
+        result = await poll_until_done(client, "cb", lease)
+        assert (result["status"], result["sample"]["reward"]) == ("success", 0.25)
+
+
+async def test_graceful_shutdown_drains_then_cancels(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    app = create_rollout_server(backend=backend, configure_logging=False, drain_timeout_sec=0.3)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://rollout") as client:
+        lifespan = app.router.lifespan_context(app)
+        await lifespan.__aenter__()
+        await submit(client, init_body("quick", "http://127.0.0.1:9/v1", metadata={"sleep": 0.1}))
+        await submit(client, init_body("slow", "http://127.0.0.1:9/v1", metadata={"sleep": 30}))
+        stopping = asyncio.create_task(lifespan.__aexit__(None, None, None))
+        await asyncio.sleep(0.05)
+        refused = await client.post("/rollout", json=init_body("late", "http://127.0.0.1:9/v1"))
+        assert (refused.status_code, refused.json()) == (503, {"detail": "rollout server is shutting down"})
+        assert (await client.get("/health")).json()["lifecycle"]["accepting_rollouts"] is False
+        await asyncio.wait_for(stopping, 5)
+    assert backend.rollout_status("quick")["status"] == "success"  # type: ignore[index]
+    assert backend.rollout_status("slow")["status"] == "cancelled"  # type: ignore[index]
