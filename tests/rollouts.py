@@ -27,7 +27,9 @@ TOOL_SCRIPT = [
 ]
 
 
-async def chat(client: httpx.AsyncClient, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+async def chat(
+    client: httpx.AsyncClient, messages: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
     """One chat-completions call to the active rollout's endpoint."""
     ctx = get_rollout_context()
     assert ctx is not None, "no active rollout"
@@ -56,7 +58,11 @@ class ToolWorkflow(AgentWorkflow[AgentWorkflowConfig]):
                 for call in calls:
                     args = json.loads(call["function"]["arguments"])
                     messages.append(
-                        {"role": "tool", "tool_call_id": call["id"], "content": str(args["a"] * args["b"])}
+                        {
+                            "role": "tool",
+                            "tool_call_id": call["id"],
+                            "content": str(args["a"] * args["b"]),
+                        }
                     )
         if ctx.artifacts_dir:
             (ctx.artifacts_dir / "notes.txt").write_text("multiplied")

@@ -40,7 +40,7 @@ class ExactGrader(Grader):
 
 
 class SleepyWorkflow(AgentWorkflow[AgentWorkflowConfig]):
-    started: list[str] = []  # noqa: RUF012
+    started: list[str] = []
 
     async def run(self, ctx):
         SleepyWorkflow.started.append(ctx.metadata["id"])
@@ -113,7 +113,10 @@ def test_default_concurrency_is_one_documented_number():
     assert LocalBackend(workflow=EchoWorkflow, workflow_config=limited).max_concurrent == 3
     assert LocalBackend(workflow=EchoWorkflow, max_concurrent=None).max_concurrent is None
     health = LocalBackend(workflow=EchoWorkflow, max_concurrent=5).health()
-    assert health == {"status": "ok", "concurrency": {"max_concurrent": 5, "queued": 0, "running": 0}}
+    assert health == {
+        "status": "ok",
+        "concurrency": {"max_concurrent": 5, "queued": 0, "running": 0},
+    }
 
 
 async def test_concurrency_limit_and_queue_time_counts_against_deadline(artifact_root):
@@ -140,7 +143,7 @@ async def test_concurrency_limit_and_queue_time_counts_against_deadline(artifact
 async def test_workflow_deadline_and_blocking_code(artifact_root):
     class Blocking(AgentWorkflow[AgentWorkflowConfig]):
         async def run(self, ctx):
-            time.sleep(0.15)  # blocks the loop: the deadline cannot interrupt it
+            time.sleep(0.15)  # noqa: ASYNC251 - blocks the loop: the deadline cannot interrupt it
             return ANSWER
 
     backend = LocalBackend(workflow=SleepyWorkflow)
@@ -236,7 +239,7 @@ async def test_sample_source_fallback_and_context(artifact_root):
             rctx = get_rollout_context()
             assert rctx is not None and rctx.rollout_id == "src"
             rctx.set_sample_source(Source())
-            return None
+            return
 
     out = await LocalBackend(workflow=UsesSource, grader=ExactGrader).execute(req("src"))
     assert out.result.sample is not None and out.result.sample.reward == 1.0

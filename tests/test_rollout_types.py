@@ -71,7 +71,14 @@ class TestRolloutSample:
 
     def test_wire_dict_has_no_trajectory_messages(self):
         wire = RolloutSample(messages=[{"role": "user", "content": "x"}], reward=1.0).wire_dict()
-        assert set(wire) == {"messages", "label", "reward", "remove_sample", "metrics", "extra_fields"}
+        assert set(wire) == {
+            "messages",
+            "label",
+            "reward",
+            "remove_sample",
+            "metrics",
+            "extra_fields",
+        }
 
 
 class TestOutput:
@@ -94,7 +101,9 @@ class TestOutput:
 
 class TestConfigs:
     def test_extra_fields_and_validation(self):
-        cfg = AgentWorkflowConfig(name="w", tools=["a"], concurrency=ConcurrencyConfig(max_concurrent=2))
+        cfg = AgentWorkflowConfig(
+            name="w", tools=["a"], concurrency=ConcurrencyConfig(max_concurrent=2)
+        )
         assert cfg.tools == ["a"]  # type: ignore[attr-defined]
         with pytest.raises(ValidationError):
             ConcurrencyConfig(max_concurrent=0)
@@ -128,7 +137,11 @@ class TestContexts:
         monkeypatch.setenv("OSMOSIS_API_KEY", "sekrit-value")
         monkeypatch.setenv("OSMOSIS_ROLLOUT_ID", "rid")
         ctx = RolloutContext()
-        assert (ctx.chat_completions_url, ctx.api_key, ctx.rollout_id) == ("http://env/v1", "sekrit-value", "rid")
+        assert (ctx.chat_completions_url, ctx.api_key, ctx.rollout_id) == (
+            "http://env/v1",
+            "sekrit-value",
+            "rid",
+        )
         assert "sekrit-value" not in repr(ctx)
 
     async def test_exactly_one_sample_source(self):
@@ -239,8 +252,11 @@ def test_public_names_match_reference():
     assert documented <= set(rollout.__all__)
     for name in rollout.__all__:
         assert getattr(rollout, name) is not None
-    assert {"Messages", "CancelRolloutsRequest", "CancelRolloutsResponse", "RolloutStatusResponse"} <= set(
-        types.__all__
-    )
+    assert {
+        "Messages",
+        "CancelRolloutsRequest",
+        "CancelRolloutsResponse",
+        "RolloutStatusResponse",
+    } <= set(types.__all__)
     with pytest.raises(AttributeError):
         rollout.DoesNotExist  # type: ignore[attr-defined]  # noqa: B018

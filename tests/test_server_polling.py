@@ -7,6 +7,15 @@ import json
 
 import httpx
 import pytest
+
+from osmosis_ai.rollout import (
+    ExecutionBackend,
+    ExecutionResult,
+    LocalBackend,
+    RolloutStatus,
+)
+from osmosis_ai.rollout.server import create_rollout_server
+from osmosis_ai.testing.model_server import ScriptedModelServer
 from rollouts import (
     TOOL_SCRIPT,
     AnswerGrader,
@@ -17,15 +26,6 @@ from rollouts import (
     poll_until_done,
     rollout_server,
 )
-
-from osmosis_ai.rollout import (
-    ExecutionBackend,
-    ExecutionResult,
-    LocalBackend,
-    RolloutStatus,
-)
-from osmosis_ai.rollout.server import create_rollout_server
-from osmosis_ai.testing.model_server import ScriptedModelServer
 
 LEASE = "X-Osmosis-Rollout-Lease"
 
@@ -46,7 +46,8 @@ async def test_tool_calling_rollout_end_to_end(model, artifact_root):
     backend = LocalBackend(workflow=ToolWorkflow, grader=AnswerGrader)
     async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
         response = await client.post(
-            "/rollout", json=init_body("r1", f"{model.base_url}/rollouts/r1", extra_fields={"row": 3})
+            "/rollout",
+            json=init_body("r1", f"{model.base_url}/rollouts/r1", extra_fields={"row": 3}),
         )
         assert response.status_code == 202
         admitted = response.json()
@@ -65,7 +66,13 @@ async def test_tool_calling_rollout_end_to_end(model, artifact_root):
         # Trajectory is on disk before the terminal result is visible.
         trajectory = json.loads((artifact_root / "r1" / "trajectory.json").read_text())
 
-    assert set(result) - {"_seen"} == {"rollout_id", "status", "sample", "err_message", "err_category"}
+    assert set(result) - {"_seen"} == {
+        "rollout_id",
+        "status",
+        "sample",
+        "err_message",
+        "err_category",
+    }
     assert result["status"] == "success"
     sample = result["sample"]
     assert sample["reward"] == 1.0
@@ -88,7 +95,8 @@ async def test_progress_statuses_are_reported(artifact_root):
         httpx.AsyncClient(base_url=url) as client,
     ):
         lease = await submit(
-            client, init_body("p", "http://127.0.0.1:9/v1", metadata={"sleep": 0.2, "grader_sleep": 0.2})
+            client,
+            init_body("p", "http://127.0.0.1:9/v1", metadata={"sleep": 0.2, "grader_sleep": 0.2}),
         )
         await asyncio.sleep(0.05)
         assert (await client.get("/rollout/p/status")).json()["status"] == "running"
@@ -122,7 +130,9 @@ async def test_reward_nulling_rules(artifact_root, fields, status, reward, has_s
 async def test_removed_sample_archives_real_reward(artifact_root):
     backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
     async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
-        lease = await submit(client, init_body("rm", "http://127.0.0.1:9/v1", metadata={"remove": True}))
+        lease = await submit(
+            client, init_body("rm", "http://127.0.0.1:9/v1", metadata={"remove": True})
+        )
         await poll_until_done(client, "rm", lease)
     archived = json.loads((artifact_root / "rm" / "trajectory.json").read_text())
     assert archived["extra"]["osmosis"]["reward"] == 1.0
@@ -132,14 +142,17 @@ async def test_timeouts_become_failures(artifact_root):
     backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
     async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
         lease = await submit(
-            client, init_body("t", "http://127.0.0.1:9/v1", metadata={"sleep": 5}, agent_timeout_sec=0.2)
+            client,
+            init_body("t", "http://127.0.0.1:9/v1", metadata={"sleep": 5}, agent_timeout_sec=0.2),
         )
         result = await poll_until_done(client, "t", lease)
         assert result["err_category"] == "timeout"
         assert result["err_message"] == "workflow exceeded its 0.2s deadline"
         lease = await submit(
             client,
-            init_body("g", "http://127.0.0.1:9/v1", metadata={"grader_sleep": 5}, grader_timeout_sec=0.2),
+            init_body(
+                "g", "http://127.0.0.1:9/v1", metadata={"grader_sleep": 5}, grader_timeout_sec=0.2
+            ),
         )
         result = await poll_until_done(client, "g", lease)
         assert (result["status"], result["err_category"]) == ("failure", "timeout")
@@ -160,7 +173,10 @@ async def test_result_auth_order_and_idempotent_terminal_body(artifact_root):
         assert again.json() == {k: v for k, v in first.items() if k != "_seen"}
         assert (await client.get("/rollout/a/result", headers={LEASE: "nope"})).status_code == 403
         dup = await client.post("/rollout", json=init_body("a", "http://127.0.0.1:9/v1"))
-        assert (dup.status_code, dup.json()) == (409, {"detail": "rollout_id is already registered"})
+        assert (dup.status_code, dup.json()) == (
+            409,
+            {"detail": "rollout_id is already registered"},
+        )
 
 
 async def test_retention_then_id_is_free_again(artifact_root):
@@ -180,7 +196,9 @@ async def test_lease_expiry_cancels_the_rollout(artifact_root):
     backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
     options = {"result_wait_timeout_sec": 0.1, "polling_lease_timeout_sec": 0.3}
     async with rollout_server(backend, **options) as url, httpx.AsyncClient(base_url=url) as client:
-        lease = await submit(client, init_body("le", "http://127.0.0.1:9/v1", metadata={"sleep": 30}))
+        lease = await submit(
+            client, init_body("le", "http://127.0.0.1:9/v1", metadata={"sleep": 30})
+        )
         await asyncio.sleep(0.6)
         status = (await client.get("/rollout/le/status")).json()
         assert status["status"] == "failure" and status["err_message"] == "polling lease expired"
@@ -202,7 +220,9 @@ async def test_polling_keeps_the_lease_alive(artifact_root):
     backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
     options = {"result_wait_timeout_sec": 0.1, "polling_lease_timeout_sec": 0.3}
     async with rollout_server(backend, **options) as url, httpx.AsyncClient(base_url=url) as client:
-        lease = await submit(client, init_body("alive", "http://127.0.0.1:9/v1", metadata={"sleep": 0.8}))
+        lease = await submit(
+            client, init_body("alive", "http://127.0.0.1:9/v1", metadata={"sleep": 0.8})
+        )
         result = await poll_until_done(client, "alive", lease)
     assert result["status"] == "success"
 
@@ -212,7 +232,9 @@ async def test_cancel_selectors_and_dispositions(artifact_root):
     async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
         leases = {}
         for rid in ("job-a", "job-b", "other"):
-            leases[rid] = await submit(client, init_body(rid, "http://127.0.0.1:9/v1", metadata={"sleep": 30}))
+            leases[rid] = await submit(
+                client, init_body(rid, "http://127.0.0.1:9/v1", metadata={"sleep": 30})
+            )
         await asyncio.sleep(0.1)
         for bad in ({}, {"ids": ["a"], "all": True}):
             response = await client.post("/rollout/cancel", json=bad)
@@ -243,7 +265,9 @@ async def test_cancel_selectors_and_dispositions(artifact_root):
         by_prefix = await client.post("/rollout/cancel", json={"prefix": "oth"})
         assert by_prefix.json() == {"dispositions": {"other": "cancelled_running"}}
         assert (await poll_until_done(client, "other", leases["other"]))["status"] == "cancelled"
-        assert (await client.post("/rollout/cancel", json={"all": True})).json() == {"dispositions": {}}
+        assert (await client.post("/rollout/cancel", json={"all": True})).json() == {
+            "dispositions": {}
+        }
 
 
 async def test_status_endpoint(artifact_root):
@@ -255,7 +279,9 @@ async def test_status_endpoint(artifact_root):
             "reward": None,
             "err_message": None,
         }
-        lease = await submit(client, init_body("s", "http://127.0.0.1:9/v1", metadata={"reward": 0.5}))
+        lease = await submit(
+            client, init_body("s", "http://127.0.0.1:9/v1", metadata={"reward": 0.5})
+        )
         await poll_until_done(client, "s", lease)
         assert (await client.get("/rollout/s/status")).json()["reward"] == 0.5
 
@@ -303,7 +329,9 @@ async def test_bad_json_and_oversized_bodies(artifact_root):
         rollout_server(backend, max_body_bytes=2000) as url,
         httpx.AsyncClient(base_url=url) as client,
     ):
-        broken = await client.post("/rollout", content=b"{not json", headers={"content-type": "application/json"})
+        broken = await client.post(
+            "/rollout", content=b"{not json", headers={"content-type": "application/json"}
+        )
         assert broken.status_code == 422
         assert "json" in broken.text.lower()
         big = init_body("big", "http://127.0.0.1:9/v1", label="x" * 5000)
@@ -335,7 +363,9 @@ async def test_bearer_auth_on_every_path(artifact_root, monkeypatch):
             ]:
                 response = await anonymous.request(method, path)
                 assert (response.status_code, response.json()) == (401, {"detail": "unauthorized"})
-            wrong = await anonymous.get("/health", headers={"Authorization": "Bearer server-secreT"})
+            wrong = await anonymous.get(
+                "/health", headers={"Authorization": "Bearer server-secreT"}
+            )
             assert wrong.status_code == 401
         headers = {"Authorization": "Bearer server-secret"}
         async with httpx.AsyncClient(base_url=url, headers=headers) as client:
@@ -354,7 +384,9 @@ async def test_bearer_auth_on_every_path(artifact_root, monkeypatch):
 def test_server_option_validation():
     backend = LocalBackend(workflow=ScriptedBehaviour)
     with pytest.raises(ValueError, match="polling_lease_timeout_sec"):
-        create_rollout_server(backend=backend, result_wait_timeout_sec=30, polling_lease_timeout_sec=30)
+        create_rollout_server(
+            backend=backend, result_wait_timeout_sec=30, polling_lease_timeout_sec=30
+        )
     with pytest.raises(ValueError, match="result_wait_timeout_sec"):
         create_rollout_server(backend=backend, result_wait_timeout_sec=float("nan"))
 
@@ -401,7 +433,10 @@ async def test_backend_crash_and_callback_only_backends(artifact_root):
             "disk on fire",
             "agent_error",
         )
-    async with rollout_server(CallbackOnlyBackend()) as url, httpx.AsyncClient(base_url=url) as client:
+    async with (
+        rollout_server(CallbackOnlyBackend()) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
         lease = await submit(client, init_body("cb", "http://127.0.0.1:9/v1"))
         result = await poll_until_done(client, "cb", lease)
         assert (result["status"], result["sample"]["reward"]) == ("success", 0.25)
@@ -419,7 +454,10 @@ async def test_graceful_shutdown_drains_then_cancels(artifact_root):
         stopping = asyncio.create_task(lifespan.__aexit__(None, None, None))
         await asyncio.sleep(0.05)
         refused = await client.post("/rollout", json=init_body("late", "http://127.0.0.1:9/v1"))
-        assert (refused.status_code, refused.json()) == (503, {"detail": "rollout server is shutting down"})
+        assert (refused.status_code, refused.json()) == (
+            503,
+            {"detail": "rollout server is shutting down"},
+        )
         assert (await client.get("/health")).json()["lifecycle"]["accepting_rollouts"] is False
         await asyncio.wait_for(stopping, 5)
     assert backend.rollout_status("quick")["status"] == "success"  # type: ignore[index]

@@ -32,8 +32,7 @@ class MissingExtraError(UsageError, ImportError):
         self.missing = missing
         what = f" (module {missing!r} not found)" if missing else ""
         super().__init__(
-            f"{feature} needs the '{extra}' extra{what}: "
-            f'run pip install "osmosis-ai[{extra}]"'
+            f"{feature} needs the '{extra}' extra{what}: run pip install \"osmosis-ai[{extra}]\""
         )
 
 

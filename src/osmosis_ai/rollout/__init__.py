@@ -44,36 +44,66 @@ _EXPORTS: dict[str, str] = {
 
 if TYPE_CHECKING:
     from osmosis_ai.rollout.agent_workflow import AgentWorkflow as AgentWorkflow
+    from osmosis_ai.rollout.backend.base import ExecutionBackend as ExecutionBackend
+    from osmosis_ai.rollout.backend.local import LocalBackend as LocalBackend
     from osmosis_ai.rollout.config import AgentWorkflowConfig as AgentWorkflowConfig
-    from osmosis_ai.rollout.context import AgentWorkflowContext as AgentWorkflowContext
-    from osmosis_ai.rollout.output import AgentWorkflowOutput as AgentWorkflowOutput
     from osmosis_ai.rollout.config import BaseConfig as BaseConfig
     from osmosis_ai.rollout.config import ConcurrencyConfig as ConcurrencyConfig
-    from osmosis_ai.rollout.backend.base import ExecutionBackend as ExecutionBackend
+    from osmosis_ai.rollout.config import GraderConfig as GraderConfig
+    from osmosis_ai.rollout.context import AgentWorkflowContext as AgentWorkflowContext
+    from osmosis_ai.rollout.context import GraderContext as GraderContext
+    from osmosis_ai.rollout.context import RolloutContext as RolloutContext
+    from osmosis_ai.rollout.context import SampleSource as SampleSource
+    from osmosis_ai.rollout.context import get_rollout_context as get_rollout_context
     from osmosis_ai.rollout.execution import ExecutionOutcome as ExecutionOutcome
     from osmosis_ai.rollout.execution import ExecutionRequest as ExecutionRequest
     from osmosis_ai.rollout.execution import ExecutionResult as ExecutionResult
     from osmosis_ai.rollout.grader import Grader as Grader
+    from osmosis_ai.rollout.output import AgentWorkflowOutput as AgentWorkflowOutput
     from osmosis_ai.rollout.protocol import GraderCompleteRequest as GraderCompleteRequest
-    from osmosis_ai.rollout.config import GraderConfig as GraderConfig
-    from osmosis_ai.rollout.context import GraderContext as GraderContext
     from osmosis_ai.rollout.protocol import GraderInitRequest as GraderInitRequest
     from osmosis_ai.rollout.protocol import GraderInitResponse as GraderInitResponse
-    from osmosis_ai.rollout.status import GraderStatus as GraderStatus
-    from osmosis_ai.rollout.backend.local import LocalBackend as LocalBackend
-    from osmosis_ai.rollout.sample import MessageDict as MessageDict
     from osmosis_ai.rollout.protocol import RolloutCompleteRequest as RolloutCompleteRequest
-    from osmosis_ai.rollout.context import RolloutContext as RolloutContext
-    from osmosis_ai.rollout.status import RolloutErrorCategory as RolloutErrorCategory
     from osmosis_ai.rollout.protocol import RolloutInitRequest as RolloutInitRequest
     from osmosis_ai.rollout.protocol import RolloutInitResponse as RolloutInitResponse
     from osmosis_ai.rollout.protocol import RolloutResultResponse as RolloutResultResponse
+    from osmosis_ai.rollout.sample import MessageDict as MessageDict
     from osmosis_ai.rollout.sample import RolloutSample as RolloutSample
+    from osmosis_ai.rollout.status import GraderStatus as GraderStatus
+    from osmosis_ai.rollout.status import RolloutErrorCategory as RolloutErrorCategory
     from osmosis_ai.rollout.status import RolloutStatus as RolloutStatus
-    from osmosis_ai.rollout.context import SampleSource as SampleSource
-    from osmosis_ai.rollout.context import get_rollout_context as get_rollout_context
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AgentWorkflow",
+    "AgentWorkflowConfig",
+    "AgentWorkflowContext",
+    "AgentWorkflowOutput",
+    "BaseConfig",
+    "ConcurrencyConfig",
+    "ExecutionBackend",
+    "ExecutionOutcome",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Grader",
+    "GraderCompleteRequest",
+    "GraderConfig",
+    "GraderContext",
+    "GraderInitRequest",
+    "GraderInitResponse",
+    "GraderStatus",
+    "LocalBackend",
+    "MessageDict",
+    "RolloutCompleteRequest",
+    "RolloutContext",
+    "RolloutErrorCategory",
+    "RolloutInitRequest",
+    "RolloutInitResponse",
+    "RolloutResultResponse",
+    "RolloutSample",
+    "RolloutStatus",
+    "SampleSource",
+    "get_rollout_context",
+]
 
 
 def __getattr__(name: str) -> Any:

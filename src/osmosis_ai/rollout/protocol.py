@@ -17,7 +17,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from osmosis_ai.rollout.sample import RolloutSample
 from osmosis_ai.rollout.status import GraderStatus, RolloutErrorCategory, RolloutStatus
@@ -39,7 +46,9 @@ def validate_rollout_id(value: str) -> str:
         raise ValueError(f"rollout_id {value!r} is not allowed: it is a relative path")
     for bad, name in (("/", "'/'"), ("\\", "'\\\\'"), ("\x00", "a NUL byte")):
         if bad in value:
-            raise ValueError(f"rollout_id {value!r} must be a single path segment: it contains {name}")
+            raise ValueError(
+                f"rollout_id {value!r} must be a single path segment: it contains {name}"
+            )
     return value
 
 
@@ -122,7 +131,9 @@ class RolloutInitResponse(_Wire):
     @model_validator(mode="after")
     def _lease_outlives_wait(self) -> RolloutInitResponse:
         if self.polling_lease_timeout_sec <= self.result_wait_timeout_sec:
-            raise ValueError("polling_lease_timeout_sec must be greater than result_wait_timeout_sec")
+            raise ValueError(
+                "polling_lease_timeout_sec must be greater than result_wait_timeout_sec"
+            )
         return self
 
 

@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 MessageDict = dict[str, Any]
 Messages = list[MessageDict]
 
+
 class RolloutSample(BaseModel):
     """One conversation produced by a workflow, plus its reward once graded.
 
@@ -98,7 +99,7 @@ def _json_safe(value: Any, path: str, dropped: list[str]) -> Any:
     if callable(tolist):
         try:
             return _json_safe(tolist(), path, dropped)
-        except Exception:  # noqa: BLE001 - a foreign object's tolist() may fail in any way
+        except Exception:  # a foreign tolist() may fail in any way
             dropped.append(path)
             return _DROP
     if isinstance(value, Mapping):

@@ -11,7 +11,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from types import TracebackType
 from typing import Any
 
@@ -37,7 +37,11 @@ def _uvicorn() -> Any:
 
 def _config(app: Any, port: int, **uvicorn_options: Any) -> Any:
     uvicorn = _uvicorn()
-    options: dict[str, Any] = {"log_level": "warning", "lifespan": "on", "timeout_graceful_shutdown": 5}
+    options: dict[str, Any] = {
+        "log_level": "warning",
+        "lifespan": "on",
+        "timeout_graceful_shutdown": 5,
+    }
     options.update(uvicorn_options)
     return uvicorn.Config(app, host=LOOPBACK, port=port, **options)
 
@@ -88,7 +92,7 @@ class ServerThread:
 @contextlib.asynccontextmanager
 async def serve_in_task(
     app: Any, *, port: int | None = None, **uvicorn_options: Any
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str]:
     """Serve ``app`` on the running event loop; yields the base URL."""
     chosen = port or free_port()
     server = _uvicorn().Server(_config(app, chosen, **uvicorn_options))

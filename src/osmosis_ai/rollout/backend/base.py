@@ -58,3 +58,4 @@ class ExecutionBackend(ABC):
 
     async def shutdown(self) -> None:
         """Release resources when the server stops."""
+        return

@@ -89,13 +89,15 @@ class LocalBackend(ExecutionBackend):
         workflow_config: AgentWorkflowConfig | str | None = None,
         grader: type[Grader] | str | None = None,
         grader_config: GraderConfig | str | None = None,
-        max_concurrent: int | None | object = ...,
+        max_concurrent: int | object | None = ...,
         artifact_root: str | os.PathLike[str] | None = None,
         project_path: str | None = None,
         status_retention_sec: float = 900.0,
         max_queue_depth: int | None = None,
     ) -> None:
-        self.workflow_cls: type[AgentWorkflow[Any]] = _resolve_class(workflow, AgentWorkflow, "workflow")
+        self.workflow_cls: type[AgentWorkflow[Any]] = _resolve_class(
+            workflow, AgentWorkflow, "workflow"
+        )
         self.workflow_config: AgentWorkflowConfig | None = _resolve_config(
             workflow_config, AgentWorkflowConfig, "workflow_config"
         )
@@ -121,12 +123,14 @@ class LocalBackend(ExecutionBackend):
         self._tracked: dict[str, _Tracked] = {}
         self._finished: deque[tuple[float, str, _Tracked]] = deque()
 
-    def _pick_limit(self, explicit: int | None | object) -> int | None:
+    def _pick_limit(self, explicit: int | object | None) -> int | None:
         if explicit is not ...:
             if explicit is not None and (not isinstance(explicit, int) or explicit < 1):
                 raise ValueError(f"max_concurrent must be a positive int or None, got {explicit!r}")
             return explicit  # type: ignore[return-value]
-        configured = self.workflow_config.concurrency.max_concurrent if self.workflow_config else None
+        configured = (
+            self.workflow_config.concurrency.max_concurrent if self.workflow_config else None
+        )
         return configured if configured is not None else self.DEFAULT_MAX_CONCURRENT
 
     # -- backend interface -------------------------------------------------------------
@@ -210,7 +214,9 @@ class LocalBackend(ExecutionBackend):
             self._finish(request.id, tracked, RolloutStatus.CANCELLED, None, "cancelled")
             raise
         except BaseException as exc:
-            self._finish(request.id, tracked, RolloutStatus.FAILURE, None, str(exc) or type(exc).__name__)
+            self._finish(
+                request.id, tracked, RolloutStatus.FAILURE, None, str(exc) or type(exc).__name__
+            )
             raise
 
     # -- phases --------------------------------------------------------------------------
@@ -353,7 +359,9 @@ class LocalBackend(ExecutionBackend):
                 return target
             except OSError as exc:
                 if attempt == 2:
-                    logger.warning("rollout %s: no artifacts dir at %s: %s", rollout_id, target, exc)
+                    logger.warning(
+                        "rollout %s: no artifacts dir at %s: %s", rollout_id, target, exc
+                    )
                     return None
                 await asyncio.sleep(delay)
                 delay *= 2
@@ -441,7 +449,9 @@ def _describe(exc: BaseException) -> str:
 def _resolve_class(value: Any, base: type[Any], what: str) -> Any:
     obj = resolve_object(value) if isinstance(value, str) else value
     if not (isinstance(obj, type) and issubclass(obj, base)):
-        raise TypeError(f"{what} must be a {base.__name__} subclass or its 'module:Class' path, got {obj!r}")
+        raise TypeError(
+            f"{what} must be a {base.__name__} subclass or its 'module:Class' path, got {obj!r}"
+        )
     return obj
 
 
@@ -450,7 +460,9 @@ def _resolve_config(value: Any, base: type[Any], what: str) -> Any:
         return None
     obj = resolve_object(value) if isinstance(value, str) else value
     if not isinstance(obj, base):
-        raise TypeError(f"{what} must be a {base.__name__} instance or its 'module:attr' path, got {obj!r}")
+        raise TypeError(
+            f"{what} must be a {base.__name__} instance or its 'module:attr' path, got {obj!r}"
+        )
     try:
         copy.deepcopy(obj)
     except Exception as exc:

@@ -8,14 +8,13 @@ grader callbacks); any other body runs the polling generation (202 with a lease,
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from osmosis_ai.errors import MissingExtraError
@@ -91,7 +90,9 @@ def create_rollout_server(
     elif not api_key.strip():
         raise ValueError("api_key must be a non-blank string, or None to disable auth")
     if configure_logging and not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
 
     process_id = uuid.uuid4().hex
     instance_id = os.environ.get(INSTANCE_ID_ENV) or process_id
@@ -102,8 +103,10 @@ def create_rollout_server(
         return runner_box[0]
 
     @contextlib.asynccontextmanager
-    async def server_lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    async def server_lifespan(app: FastAPI) -> AsyncGenerator[None]:
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        )
         registry = Registry(
             polling_lease_timeout_sec=polling_lease_timeout_sec,
             result_retention_sec=result_retention_sec,
@@ -258,4 +261,3 @@ def _validation_error(exc: ValidationError) -> JSONResponse:
         for err in exc.errors(include_url=False, include_input=False)
     ]
     return JSONResponse({"detail": detail}, status_code=422)
-

@@ -37,7 +37,9 @@ class CallbackPoster:
         self.max_delay = max_delay
         self.timeout = timeout
 
-    async def post(self, url: str, payload: dict[str, Any], bearer: str | None) -> dict[str, Any] | None:
+    async def post(
+        self, url: str, payload: dict[str, Any], bearer: str | None
+    ) -> dict[str, Any] | None:
         """POST ``payload``; the parsed ack on a 2xx answer, else ``None`` (logged)."""
         headers = {"content-type": "application/json"}
         if bearer:
@@ -46,7 +48,9 @@ class CallbackPoster:
         delay = self.base_delay
         for attempt in range(1, self.max_attempts + 1):
             try:
-                response = await self.client.post(url, content=body, headers=headers, timeout=self.timeout)
+                response = await self.client.post(
+                    url, content=body, headers=headers, timeout=self.timeout
+                )
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:

@@ -133,7 +133,10 @@ class RolloutRunner:
         except asyncio.CancelledError:
             _clear_cancellation()
             await self._conclude(
-                entry, init, delivery, ExecutionResult(RolloutStatus.CANCELLED, err_message="cancelled")
+                entry,
+                init,
+                delivery,
+                ExecutionResult(RolloutStatus.CANCELLED, err_message="cancelled"),
             )
             return
         except Exception as exc:
@@ -166,10 +169,16 @@ class RolloutRunner:
             await self._send_completion(init, entry.rollout_id, result, delivery)
         if init.grader_callback_url is not None and not delivery.grader_sent:
             await self._send_grader(init, entry.rollout_id, result, delivery)
-        self.registry.finish(entry, result.status, result.sample, result.err_message, result.err_category)
+        self.registry.finish(
+            entry, result.status, result.sample, result.err_message, result.err_category
+        )
 
     async def _send_completion(
-        self, init: RolloutInitRequest, rollout_id: str, result: ExecutionResult, delivery: _Delivery
+        self,
+        init: RolloutInitRequest,
+        rollout_id: str,
+        result: ExecutionResult,
+        delivery: _Delivery,
     ) -> None:
         assert init.completion_callback_url is not None
         delivery.completion_sent = True
@@ -187,7 +196,11 @@ class RolloutRunner:
         self._take_report(ack, delivery)
 
     async def _send_grader(
-        self, init: RolloutInitRequest, rollout_id: str, result: ExecutionResult, delivery: _Delivery
+        self,
+        init: RolloutInitRequest,
+        rollout_id: str,
+        result: ExecutionResult,
+        delivery: _Delivery,
     ) -> None:
         if init.grader_callback_url is None:
             return
@@ -262,7 +275,9 @@ class RolloutRunner:
                 continue
             if entry.cancel_disposition is None:
                 entry.cancel_disposition = (
-                    "cancelled_queued" if entry.status == RolloutStatus.QUEUED else "cancelled_running"
+                    "cancelled_queued"
+                    if entry.status == RolloutStatus.QUEUED
+                    else "cancelled_running"
                 )
                 self.stop_execution(entry)
             dispositions[rollout_id] = entry.cancel_disposition
@@ -278,22 +293,22 @@ class RolloutRunner:
         if handled.get(entry.rollout_id, "not_found") == "not_found" and entry.task is not None:
             entry.task.cancel()
 
-    async def drain(self, timeout: float) -> None:
-        """Let running rollouts finish for ``timeout`` seconds, then cancel the rest."""
+    async def drain(self, grace_sec: float) -> None:
+        """Let running rollouts finish for ``grace_sec`` seconds, then cancel the rest."""
         pending = set(self.registry.tasks)
         if pending:
-            logger.info("draining %d rollout(s) for up to %.0fs", len(pending), timeout)
-            _done, pending = await asyncio.wait(pending, timeout=timeout)
+            logger.info("draining %d rollout(s) for up to %.0fs", len(pending), grace_sec)
+            _done, pending = await asyncio.wait(pending, timeout=grace_sec)
         if pending:
             logger.warning("cancelling %d rollout(s) still running at shutdown", len(pending))
             for entry in list(self.registry.entries.values()):
                 if entry.task in pending:
                     self.stop_execution(entry)
-            _done, pending = await asyncio.wait(pending, timeout=timeout)
+            _done, pending = await asyncio.wait(pending, timeout=grace_sec)
             for task in pending:
                 task.cancel()
             if pending:
-                await asyncio.wait(pending, timeout=timeout)
+                await asyncio.wait(pending, timeout=grace_sec)
 
 
 def _clear_cancellation() -> None:

@@ -19,7 +19,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-async def send_json(send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_json(
+    send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send(
         {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -203,10 +204,9 @@ class Registry:
         else:
             entry.lease_deadline = now + self.lease_timeout
             changed = entry.changed
-            try:
-                await asyncio.wait_for(changed.wait(), wait_sec)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_sec):
+                    await changed.wait()
             entry.lease_deadline = max(entry.lease_deadline, time.monotonic() + self.lease_timeout)
         return entry.result_body if entry.result_body is not None else entry.progress_body()
 
@@ -252,7 +252,9 @@ class Registry:
         """Entries named by a cancel selector; ``prefix``/``all`` pick only live rollouts."""
         if ids is not None:
             return [(i, self.entries.get(i)) for i in dict.fromkeys(ids)]
-        live = [(i, e) for i, e in self.entries.items() if not e.terminal]
+        live: list[tuple[str, Entry | None]] = [
+            (i, e) for i, e in self.entries.items() if not e.terminal
+        ]
         if prefix is not None:
             return [(i, e) for i, e in live if i.startswith(prefix)]
         return live if all else []
