@@ -1,0 +1,1 @@
+"""The ``osmosis`` command line: parses, calls one library function, renders the result."""
