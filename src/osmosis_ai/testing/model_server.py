@@ -1,0 +1,626 @@
+"""A scripted OpenAI-compatible chat-completions server: a real HTTP fake for tests and benches.
+
+Owns :class:`ScriptedModelServer` (a raw ASGI app, served on 127.0.0.1 by
+:mod:`osmosis_ai.testing.serving`), the scripting types, request recording and a small CLI.
+The request path is kept lean on purpose: a benchmark drives it at high concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import inspect
+import json
+import re
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from types import FrameType, TracebackType
+from typing import Any, Literal
+
+from osmosis_ai.errors import UsageError
+from osmosis_ai.testing.serving import ServerThread, serve_in_task
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+OnExhausted = Literal["repeat_last", "error"]
+
+_CHAT_SUFFIX = "/chat/completions"
+_MODELS_SUFFIX = "/models"
+_WORD = re.compile(r"\s*\S+|\s+")
+_MAX_CONTENT_PIECES = 32
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call the scripted assistant makes; ``arguments`` as a dict or a JSON string."""
+
+    name: str
+    arguments: dict[str, Any] | str
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedTurn:
+    """One assistant reply. ``finish_reason`` and ``usage`` are filled in when left ``None``;
+    ``latency_ms`` overrides the server's; ``status_code >= 400`` answers an error instead."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    finish_reason: str | None = None
+    latency_ms: float | None = None
+    usage: dict[str, int] | None = None
+    status_code: int = 200
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None and self.status_code < 400:
+            raise UsageError(
+                f"ScriptedTurn(error={self.error!r}) has status_code={self.status_code}: "
+                "pass status_code >= 400 to script an error reply"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """What a responder or key callable sees of one chat-completions request.
+
+    ``path_prefix`` is the path before ``/chat/completions`` (``/v1``, ``/v1/rollouts/r1``);
+    ``turn`` is the number of assistant messages already in ``messages``.
+    """
+
+    path_prefix: str
+    body: dict[str, Any]
+    messages: list[dict[str, Any]]
+    headers: dict[str, str]
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """A chat-completions request kept when ``record_requests=True``."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+Responder = Callable[[ChatRequest], ScriptedTurn | str | Awaitable[ScriptedTurn | str]]
+
+
+class _HTTPError(Exception):
+    """Ends a request early with an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def default_key(request: ChatRequest) -> str:
+    """The conversation key: the segment after ``/rollouts/`` in the path prefix, if any,
+    else the text of the first user message."""
+    marker = "/rollouts/"
+    at = request.path_prefix.find(marker)
+    if at >= 0:
+        return request.path_prefix[at + len(marker) :].split("/", 1)[0]
+    for message in request.messages:
+        if message.get("role") == "user":
+            return _text(message.get("content"))
+    return ""
+
+
+class ScriptedModelServer:
+    """An OpenAI-compatible chat-completions endpoint that answers from a script.
+
+    Give at most one of ``script`` (the same turns for every conversation, indexed by the
+    number of assistant messages in the request), ``scripts`` (turns per conversation key,
+    see :func:`default_key`) or ``responder`` (called per request). With none, it echoes the
+    last user message. Serve it with ``with`` (a thread) or ``async with`` (a task); the
+    instance itself is the ASGI app, also reachable as ``.app``.
+
+    ``request_count`` counts chat-completions requests, rejected ones included;
+    ``requests`` keeps the well-formed ones when ``record_requests=True``. ``models`` are the
+    ids ``GET <prefix>/models`` lists; replies always echo the requested ``model``.
+    """
+
+    def __init__(
+        self,
+        script: Sequence[ScriptedTurn | str] | None = None,
+        *,
+        scripts: Mapping[str, Sequence[ScriptedTurn | str]] | None = None,
+        key: Callable[[ChatRequest], str] | None = None,
+        responder: Responder | None = None,
+        on_exhausted: OnExhausted = "error",
+        latency_ms: float = 0.0,
+        api_key: str | None = None,
+        record_requests: bool = False,
+        models: Sequence[str] = ("scripted",),
+    ) -> None:
+        modes = {"script": script, "scripts": scripts, "responder": responder}
+        given = [name for name, value in modes.items() if value is not None]
+        if len(given) > 1:
+            raise UsageError(f"pass at most one of script=, scripts=, responder= (got {given})")
+        if key is not None and scripts is None:
+            raise UsageError("key= chooses among scripts=; pass scripts= as well")
+        if on_exhausted not in ("repeat_last", "error"):
+            raise UsageError(f"on_exhausted={on_exhausted!r}: use 'repeat_last' or 'error'")
+        self._script = _normalise("script", script) if script is not None else None
+        self._scripts = (
+            {k: _normalise(f"scripts[{k!r}]", v) for k, v in scripts.items()}
+            if scripts is not None
+            else None
+        )
+        self._key = key or default_key
+        self._responder = responder
+        self._on_exhausted = on_exhausted
+        self._latency_s = latency_ms / 1000.0
+        self._auth = f"Bearer {api_key}".encode("latin-1") if api_key is not None else None
+        self._record = record_requests
+        self._models = _dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "osmosis-testing"}
+                    for m in models
+                ],
+            }
+        )
+        self.requests: list[RecordedRequest] = []
+        self.request_count = 0
+        self._thread: ServerThread | None = None
+        self._task: contextlib.AbstractAsyncContextManager[str] | None = None
+        self._url: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def app(self) -> ScriptedModelServer:
+        """The ASGI app (this instance), e.g. for ``httpx.ASGITransport(app=server.app)``."""
+        return self
+
+    @property
+    def url(self) -> str:
+        """The origin, ``http://127.0.0.1:<port>``, while the server runs."""
+        if self._url is None:
+            raise UsageError("the server is not running: use it as `with` or `async with` first")
+        return self._url
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``<url>/v1``."""
+        return f"{self.url}/v1"
+
+    def clear(self) -> None:
+        """Forget recorded requests and reset :attr:`request_count`."""
+        self.requests.clear()
+        self.request_count = 0
+
+    def __enter__(self) -> ScriptedModelServer:
+        self._thread = ServerThread(self, access_log=False).start()
+        self._url = self._thread.url
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._thread is not None:
+            self._thread.stop()
+        self._thread = self._url = None
+
+    async def __aenter__(self) -> ScriptedModelServer:
+        self._task = serve_in_task(self, access_log=False)
+        self._url = await self._task.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._task, self._url = self._task, None, None
+        if task is not None:
+            await task.__aexit__(exc_type, exc, tb)
+
+    # -- ASGI ------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if path == "/health":
+                await _send_json(send, 200, b'{"status":"ok"}')
+            elif path.endswith(_CHAT_SUFFIX):
+                self.request_count += 1
+                _allow(method, "POST")
+                self._check_auth(scope)
+                await self._chat(scope, path, await _read_body(receive), send)
+            elif path.endswith(_MODELS_SUFFIX):
+                _allow(method, "GET")
+                self._check_auth(scope)
+                await _send_json(send, 200, self._models)
+            else:
+                raise _HTTPError(404, f"no route for {method} {path}", "not_found")
+        except _HTTPError as err:
+            await _send_json(send, err.status, _error_body(err.status, err.message, err.code))
+
+    def _check_auth(self, scope: Scope) -> None:
+        if self._auth is None:
+            return
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value == self._auth:
+                return
+        raise _HTTPError(
+            401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key"
+        )
+
+    async def _chat(self, scope: Scope, path: str, raw: bytes, send: Send) -> None:
+        body = _parse_body(raw)
+        messages: list[dict[str, Any]] = body["messages"]
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if self._record:
+            self.requests.append(RecordedRequest(path, headers, body))
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        request = ChatRequest(path[: -len(_CHAT_SUFFIX)], body, messages, headers, turn)
+        reply = await self._reply(request)
+        latency = reply.latency_ms / 1000.0 if reply.latency_ms is not None else self._latency_s
+        if latency > 0:
+            await asyncio.sleep(latency)
+        if reply.status_code >= 400:
+            message = reply.error or f"scripted error (HTTP {reply.status_code})"
+            await _send_json(send, reply.status_code, _error_body(reply.status_code, message))
+            return
+        completion = _Completion(body, messages, reply)
+        if body.get("stream"):
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send({"type": "http.response.body", "body": completion.sse()})
+        else:
+            await _send_json(send, reply.status_code, _dumps(completion.full()))
+
+    async def _reply(self, request: ChatRequest) -> ScriptedTurn:
+        if self._responder is not None:
+            try:
+                result = self._responder(request)
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:  # a bug in user code: surface it to the client, not a hang
+                raise _HTTPError(500, f"responder raised {type(exc).__name__}: {exc}") from exc
+            return _as_turn(result)
+        if self._script is not None:
+            return self._pick(self._script, request, None)
+        if self._scripts is not None:
+            conversation = self._key(request)
+            turns = self._scripts.get(conversation)
+            if turns is None:
+                known = ", ".join(repr(k) for k in list(self._scripts)[:5])
+                raise _HTTPError(
+                    400,
+                    f"no script for conversation {conversation!r} (known keys: {known})",
+                    "unknown_conversation",
+                )
+            return self._pick(turns, request, conversation)
+        return ScriptedTurn(content=_last_user_text(request.messages))
+
+    def _pick(
+        self, turns: list[ScriptedTurn], request: ChatRequest, conversation: str | None
+    ) -> ScriptedTurn:
+        if request.turn < len(turns):
+            return turns[request.turn]
+        if self._on_exhausted == "repeat_last":
+            return turns[-1]
+        if conversation is None:
+            conversation = default_key(request)
+        raise _HTTPError(
+            400,
+            f"script for conversation {conversation!r} has {len(turns)} turn(s) but this "
+            f"request is turn {request.turn} (counted from 0 by assistant messages); add "
+            "turns or pass on_exhausted='repeat_last'",
+            "script_exhausted",
+        )
+
+
+class _Completion:
+    """Renders one scripted reply as a ``chat.completion`` body or as SSE chunks."""
+
+    def __init__(self, body: dict[str, Any], messages: list[dict[str, Any]], turn: ScriptedTurn):
+        n = body.get("n")
+        n = 1 if n is None else n
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
+            raise _HTTPError(400, f"'n' must be an integer from 1 to 128, got {n!r}")
+        self.n = n
+        self.turn = turn
+        self.id = f"chatcmpl-{secrets.token_hex(12)}"
+        self.created = int(time.time())
+        self.model = body.get("model") or "scripted"
+        self.logprobs = bool(body.get("logprobs"))
+        self.token_ids = bool(body.get("return_token_ids"))
+        options = body.get("stream_options")
+        self.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        self.finish_reason = turn.finish_reason or ("tool_calls" if turn.tool_calls else "stop")
+        self.calls = [
+            (
+                call.id or f"call_{secrets.token_hex(12)}",
+                call.name,
+                call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments),
+            )
+            for call in turn.tool_calls or ()
+        ]
+        # Fake tokenisation: one token per UTF-8 byte of a plain rendering of the text.
+        self.prompt = _render_prompt(messages).encode()
+        self.call_texts = [
+            json.dumps({"name": name, "arguments": args}).encode() for _, name, args in self.calls
+        ]
+        content = (turn.content or "").encode()
+        completion_tokens = len(content) + sum(len(t) for t in self.call_texts)
+        self.usage = turn.usage or {
+            "prompt_tokens": len(self.prompt),
+            "completion_tokens": n * completion_tokens,
+            "total_tokens": len(self.prompt) + n * completion_tokens,
+        }
+
+    def _tokens(self, choice: dict[str, Any], data: bytes, offset: int) -> None:
+        if self.logprobs:
+            choice["logprobs"] = {"content": [_logprob(b, offset + i) for i, b in enumerate(data)]}
+        if self.token_ids:
+            choice["token_ids"] = list(data)
+
+    def full(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.turn.content}
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+                for id_, name, args in self.calls
+            ]
+        data = (self.turn.content or "").encode() + b"".join(self.call_texts)
+        choices: list[dict[str, Any]] = []
+        for index in range(self.n):
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": self.finish_reason,
+            }
+            self._tokens(choice, data, 0)
+            if self.token_ids:
+                choice["prompt_token_ids"] = list(self.prompt)
+            choices.append(choice)
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage,
+        }
+        if self.token_ids:  # vLLM puts the prompt ids at the top level too
+            body["prompt_token_ids"] = list(self.prompt)
+        return body
+
+    def sse(self) -> bytes:
+        head = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+        }
+        chunks = [{**head, "choices": [c]} for i in range(self.n) for c in self._choice_chunks(i)]
+        if self.token_ids:  # top level as vLLM does, and per choice as in the full body
+            chunks[0]["prompt_token_ids"] = list(self.prompt)
+        if self.include_usage:
+            chunks.append({**head, "choices": [], "usage": self.usage})
+        return b"".join(b"data: " + _dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+    def _choice_chunks(self, index: int) -> list[dict[str, Any]]:
+        def chunk(delta: dict[str, Any], data: bytes = b"") -> dict[str, Any]:
+            nonlocal offset
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            if data:
+                self._tokens(choice, data, offset)
+                offset += len(data)
+            return choice
+
+        offset = 0
+        first = chunk({"role": "assistant", "content": None if self.turn.content is None else ""})
+        if self.token_ids:
+            first["prompt_token_ids"] = list(self.prompt)
+        chunks = [first]
+        for piece in _pieces(self.turn.content or ""):
+            chunks.append(chunk({"content": piece}, piece.encode()))
+        for position, ((id_, name, args), text) in enumerate(
+            zip(self.calls, self.call_texts, strict=True)
+        ):
+            head = {"name": name, "arguments": ""}
+            call = {"index": position, "id": id_, "type": "function", "function": head}
+            chunks.append(chunk({"tool_calls": [call]}, text))
+            step = max(1, -(-len(args) // 3))
+            for start in range(0, len(args), step):
+                fragment = {"arguments": args[start : start + step]}
+                chunks.append(chunk({"tool_calls": [{"index": position, "function": fragment}]}))
+        chunks.append(chunk({}))
+        chunks[-1]["finish_reason"] = self.finish_reason
+        return chunks
+
+
+# -- helpers of the request path -------------------------------------------------------------
+
+
+def _normalise(what: str, turns: Sequence[ScriptedTurn | str]) -> list[ScriptedTurn]:
+    if isinstance(turns, str):
+        raise UsageError(f"{what} must be a sequence of turns, not a string: wrap it in a list")
+    if not turns:
+        raise UsageError(f"{what} is empty: give at least one turn")
+    return [ScriptedTurn(content=t) if isinstance(t, str) else t for t in turns]
+
+
+def _as_turn(result: object) -> ScriptedTurn:
+    if isinstance(result, str):
+        return ScriptedTurn(content=result)
+    if not isinstance(result, ScriptedTurn):
+        raise _HTTPError(500, f"responder returned {result!r}: return a ScriptedTurn or a str")
+    return result
+
+
+def _text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return _text(message.get("content"))
+    return ""
+
+
+def _render_prompt(messages: list[dict[str, Any]]) -> str:
+    parts: list[str] = []
+    for message in messages:
+        parts.append(f"<|{message.get('role')}|>\n{_text(message.get('content'))}\n")
+        if message.get("tool_calls"):
+            parts.append(json.dumps(message["tool_calls"]) + "\n")
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def _pieces(text: str) -> list[str]:
+    words = _WORD.findall(text)
+    if len(words) <= _MAX_CONTENT_PIECES:
+        return words
+    step = -(-len(words) // _MAX_CONTENT_PIECES)
+    return ["".join(words[i : i + step]) for i in range(0, len(words), step)]
+
+
+def _logprob(byte: int, position: int) -> dict[str, Any]:
+    token = chr(byte) if byte < 0x80 else f"bytes:\\x{byte:02x}"
+    value = -(((byte * 31 + position * 17) % 97) + 1) / 100.0
+    return {"token": token, "logprob": value, "bytes": [byte], "top_logprobs": []}
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise _HTTPError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise _HTTPError(400, f"request body must be a JSON object, got {type(body).__name__}")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise _HTTPError(400, "'messages' is required and must be a list of message objects")
+    return body
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise _HTTPError(405, f"method {method} not allowed here; use {allowed}")
+
+
+def _error_body(status: int, message: str, code: str | None = None) -> bytes:
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return _dumps({"error": {"message": message, "type": kind, "code": code}})
+
+
+def _dumps(payload: object) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m osmosis_ai.testing.model_server``: serve until SIGINT or SIGTERM."""
+    parser = argparse.ArgumentParser(
+        prog="python -m osmosis_ai.testing.model_server",
+        description="Serve a scripted OpenAI-compatible chat-completions endpoint on 127.0.0.1.",
+    )
+    parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay before each reply")
+    parser.add_argument("--reply", help="answer every request with this text (default: echo)")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>'")
+    args = parser.parse_args(argv)
+    server = ScriptedModelServer(
+        [args.reply] if args.reply is not None else None,
+        on_exhausted="repeat_last",
+        latency_ms=args.latency_ms,
+        api_key=args.api_key,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    thread = ServerThread(server, port=args.port or None, access_log=False).start()
+    print(f"{thread.url}/v1", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        thread.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
