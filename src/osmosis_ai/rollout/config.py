@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class ConcurrencyConfig(BaseModel):
     """How many rollouts may run at once. ``None`` means unlimited."""
 
-    model_config = ConfigDict(validate_assignment=True)
+    model_config = ConfigDict(validate_assignment=True, defer_build=True)
 
     max_concurrent: int | None = Field(default=None, ge=1)
 
@@ -20,7 +20,9 @@ class BaseConfig(BaseModel):
     placeholders, tool lists or any other object the workflow needs.
     """
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="allow", validate_assignment=True, arbitrary_types_allowed=True, defer_build=True
+    )
 
     name: str
     description: str | None = None

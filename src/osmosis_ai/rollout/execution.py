@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from osmosis_ai.rollout.protocol import validate_rollout_id
+from osmosis_ai.rollout.ids import validate_rollout_id
 from osmosis_ai.rollout.sample import RolloutSample
 from osmosis_ai.rollout.status import RolloutErrorCategory, RolloutStatus
 

@@ -14,7 +14,11 @@ class AgentWorkflowOutput(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid", allow_inf_nan=False, revalidate_instances="always", validate_assignment=True
+        extra="forbid",
+        allow_inf_nan=False,
+        revalidate_instances="always",
+        validate_assignment=True,
+        defer_build=True,
     )
 
     messages: list[dict[str, Any]] | None = None

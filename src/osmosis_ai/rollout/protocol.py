@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from osmosis_ai.rollout.ids import validate_rollout_id
 from osmosis_ai.rollout.sample import RolloutSample
 from osmosis_ai.rollout.status import GraderStatus, RolloutErrorCategory, RolloutStatus
 
@@ -36,20 +37,6 @@ POLLING_PROTOCOL_VERSION = "0.4"
 POLLING_LEASE_HEADER = "X-Osmosis-Rollout-Lease"
 
 Generation = Literal["callback", "polling"]
-
-
-def validate_rollout_id(value: str) -> str:
-    """Check that ``value`` is usable as one URL path segment and one directory name."""
-    if not value:
-        raise ValueError("rollout_id must not be empty")
-    if value in {".", ".."}:
-        raise ValueError(f"rollout_id {value!r} is not allowed: it is a relative path")
-    for bad, name in (("/", "'/'"), ("\\", "'\\\\'"), ("\x00", "a NUL byte")):
-        if bad in value:
-            raise ValueError(
-                f"rollout_id {value!r} must be a single path segment: it contains {name}"
-            )
-    return value
 
 
 def _finite_or_none(value: float | None, field: str) -> float | None:

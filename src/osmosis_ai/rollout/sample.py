@@ -24,7 +24,9 @@ class RolloutSample(BaseModel):
     ``messages`` unless set; an explicit ``None`` disables trajectory saving).
     """
 
-    model_config = ConfigDict(validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        validate_assignment=True, arbitrary_types_allowed=True, defer_build=True
+    )
 
     messages: Sequence[Mapping[str, Any]] = Field(default_factory=list)
     trajectory_messages: Sequence[Mapping[str, Any]] | None = None

@@ -89,12 +89,16 @@ class RolloutRunner:
         async def on_workflow(result: ExecutionResult) -> None:
             delivery.workflow = result
             if callback:
-                await self._send_completion(init, entry.rollout_id, result, delivery)
+                await self._send_completion(init, result, delivery)
 
         async def on_grader(result: ExecutionResult) -> None:
             delivery.grader = result
             if callback:
-                await self._send_grader(init, entry.rollout_id, result, delivery)
+                workflow = delivery.workflow
+                if workflow is None or workflow.status == RolloutStatus.SUCCESS:
+                    # The grader's result is final: make /status agree before the callback.
+                    self._finish(entry, result)
+                await self._send_grader(init, result, delivery)
 
         async def on_status(status: RolloutStatus) -> None:
             self.registry.set_status(entry, status)
@@ -131,6 +135,7 @@ class RolloutRunner:
                 )
                 outcome = ExecutionOutcome(workflow, delivery.grader)
         except asyncio.CancelledError:
+            entry.concluding = True
             _clear_cancellation()
             await self._conclude(
                 entry,
@@ -140,12 +145,14 @@ class RolloutRunner:
             )
             return
         except Exception as exc:
+            entry.concluding = True
             logger.exception("rollout %s crashed", entry.rollout_id)
             failure = ExecutionResult.failure(
                 str(exc) or "Internal server error", categorize_exception(exc)
             )
             await self._conclude(entry, init, delivery, failure)
             return
+        entry.concluding = True
         await self._conclude(entry, init, delivery, outcome.result, outcome)
 
     async def _conclude(
@@ -156,19 +163,23 @@ class RolloutRunner:
         result: ExecutionResult,
         outcome: ExecutionOutcome | None = None,
     ) -> None:
-        """Save the trajectory, then publish (polling) or finish the callbacks (callback)."""
+        """Polling: save the trajectory, then publish the result. Callback: record the result,
+        send the callbacks not sent yet, then save the trajectory (with the acks' report)."""
         to_save = outcome.result_to_save if outcome is not None else result
+        if init.generation == "polling":
+            if self.save_trajectories:
+                await self._save(entry.rollout_id, init, to_save, delivery.report)
+            self._finish(entry, result)
+            return
+        self._finish(entry, result)
+        if not delivery.completion_sent:
+            await self._send_completion(init, result, delivery)
+        if init.grader_callback_url is not None and not delivery.grader_sent:
+            await self._send_grader(init, result, delivery)
         if self.save_trajectories:
             await self._save(entry.rollout_id, init, to_save, delivery.report)
-        if init.generation == "polling":
-            self.registry.finish(
-                entry, result.status, result.sample, result.err_message, result.err_category
-            )
-            return
-        if not delivery.completion_sent:
-            await self._send_completion(init, entry.rollout_id, result, delivery)
-        if init.grader_callback_url is not None and not delivery.grader_sent:
-            await self._send_grader(init, entry.rollout_id, result, delivery)
+
+    def _finish(self, entry: Entry, result: ExecutionResult) -> None:
         self.registry.finish(
             entry, result.status, result.sample, result.err_message, result.err_category
         )
@@ -176,29 +187,30 @@ class RolloutRunner:
     async def _send_completion(
         self,
         init: RolloutInitRequest,
-        rollout_id: str,
         result: ExecutionResult,
         delivery: _Delivery,
     ) -> None:
         assert init.completion_callback_url is not None
         delivery.completion_sent = True
-        ack = await self.poster.post(
-            init.completion_callback_url,
-            {
-                "status": result.status.value,
-                "rollout_id": rollout_id,
-                "extra_fields": None,
-                "err_message": result.err_message,
-                "err_category": _value(result.err_category),
-            },
-            init.controller_api_key,
+        # Shielded: a cancel arriving mid-post must not swallow the callback.
+        ack = await asyncio.shield(
+            self.poster.post(
+                init.completion_callback_url,
+                {
+                    "status": result.status.value,
+                    "rollout_id": init.rollout_id,  # echo; null when the server minted the id
+                    "extra_fields": None,
+                    "err_message": result.err_message,
+                    "err_category": _value(result.err_category),
+                },
+                init.controller_api_key,
+            )
         )
         self._take_report(ack, delivery)
 
     async def _send_grader(
         self,
         init: RolloutInitRequest,
-        rollout_id: str,
         result: ExecutionResult,
         delivery: _Delivery,
     ) -> None:
@@ -206,16 +218,18 @@ class RolloutRunner:
             return
         delivery.grader_sent = True
         ok = result.status == RolloutStatus.SUCCESS
-        ack = await self.poster.post(
-            init.grader_callback_url,
-            {
-                "status": (GraderStatus.SUCCESS if ok else GraderStatus.FAILURE).value,
-                "rollout_id": rollout_id,
-                "sample": wire_sample(result.sample, result.status),
-                "err_message": result.err_message,
-                "err_category": _value(result.err_category),
-            },
-            init.controller_api_key,
+        ack = await asyncio.shield(
+            self.poster.post(
+                init.grader_callback_url,
+                {
+                    "status": (GraderStatus.SUCCESS if ok else GraderStatus.FAILURE).value,
+                    "rollout_id": init.rollout_id,  # echo; null when the server minted the id
+                    "sample": wire_sample(result.sample, result.status),
+                    "err_message": result.err_message,
+                    "err_category": _value(result.err_category),
+                },
+                init.controller_api_key,
+            )
         )
         self._take_report(ack, delivery)
 
@@ -270,7 +284,8 @@ class RolloutRunner:
     def cancel(self, ids: list[str] | None, prefix: str | None, all: bool) -> dict[str, str]:
         dispositions: dict[str, str] = {}
         for rollout_id, entry in self.registry.select(ids, prefix, all):
-            if entry is None or entry.terminal:
+            if entry is None or entry.terminal or entry.concluding:
+                # Finished, or finished executing and about to publish its result.
                 dispositions[rollout_id] = "not_found"
                 continue
             if entry.cancel_disposition is None:
@@ -285,6 +300,8 @@ class RolloutRunner:
 
     def stop_execution(self, entry: Entry) -> None:
         """Cancel a rollout's execution: through the backend if it knows the id, else the task."""
+        if entry.concluding:
+            return
         try:
             handled = self.backend.cancel_rollouts(ids=[entry.rollout_id])
         except Exception:

@@ -44,6 +44,8 @@ class Entry:
     err_message: str | None = None
     result_body: bytes | None = None
     cancel_disposition: str | None = None
+    concluding: bool = False
+    """Execution has ended; the result is being saved and published (no longer cancellable)."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from osmosis_ai.rollout.protocol import validate_rollout_id
+from osmosis_ai.rollout.ids import validate_rollout_id
 from osmosis_ai.rollout.trajectory.atif import json_safe
 from osmosis_ai.rollout.trajectory.convert import convert_sample_to_trajectory
 
