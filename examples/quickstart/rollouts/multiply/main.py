@@ -82,7 +82,8 @@ class MultiplyWorkflow(AgentWorkflow[AgentWorkflowConfig]):
 
 class MultiplyGrader(Grader):
     async def grade(self, ctx: GraderContext) -> None:
-        assert ctx.sample is not None and ctx.label is not None
+        assert ctx.sample is not None
+        assert ctx.label is not None
         text = str(ctx.sample.messages[-1].get("content") or "")
         match = ANSWER.search(text)
         if match is None:

@@ -93,6 +93,8 @@ def create_rollout_server(
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+        # One line per model call would drown the rollout's own messages.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
     process_id = uuid.uuid4().hex
     instance_id = os.environ.get(INSTANCE_ID_ENV) or process_id
