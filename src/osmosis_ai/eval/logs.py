@@ -1,0 +1,160 @@
+"""The run log ``logs.txt`` and the redactor that keeps secret values out of it.
+
+Lines read ``<ISO> <LEVEL> [<step>] <message> <canonical JSON details>``. Every registered
+secret value (provider keys, run tokens) is replaced by ``[REDACTED]`` in the message, the
+details and any text passed through, such as a child process's output.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+from pydantic import JsonValue
+
+from osmosis_ai.errors import UsageError
+from osmosis_ai.eval.durable import canonical_json, iso_utc, open_owner_only
+
+REDACTED = "[REDACTED]"
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+_LEVELS: frozenset[str] = frozenset({"DEBUG", "INFO", "WARNING", "ERROR"})
+
+
+class Redactor:
+    """Replaces every registered secret value with ``[REDACTED]``, longest value first.
+
+    Values of any length are redacted (short ones too); the empty string is never registered,
+    since it would match everywhere. Safe to share between threads.
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._values: set[str] = set()
+        self._pattern: re.Pattern[str] | None = None
+        self.add(*secrets)
+
+    def add(self, *values: str) -> None:
+        """Register secret values; empty strings and repeats are ignored."""
+        with self._lock:
+            new = {v for v in values if v} - self._values
+            if not new:
+                return
+            self._values |= new
+            # One alternation, longest first: a secret that contains another is replaced
+            # whole, and replacement text is never scanned again.
+            ordered = sorted(self._values, key=lambda v: (-len(v), v))
+            self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def redact(self, text: str) -> str:
+        pattern = self._pattern
+        return text if pattern is None else pattern.sub(REDACTED, text)
+
+    def redact_json(self, value: object) -> JsonValue:
+        """A JSON-safe copy of ``value`` with secrets redacted in every string and key.
+
+        Non-finite floats and objects JSON cannot hold become strings.
+        """
+        if value is None or isinstance(value, bool | int):
+            return value
+        if isinstance(value, float):
+            return value if math.isfinite(value) else str(value)
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, Mapping):
+            items: Iterable[tuple[object, object]] = value.items()
+            return {self.redact(str(k)): self.redact_json(v) for k, v in items}
+        if isinstance(value, list | tuple | set | frozenset):
+            members: Iterable[object] = value
+            return [self.redact_json(v) for v in members]
+        return self.redact(str(value))
+
+
+class RunLog:
+    """Appends redacted lines to ``logs.txt`` (owner-only); safe to share between threads."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        redactor: Redactor | None = None,
+        *,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.redactor = redactor if redactor is not None else Redactor()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._fd = open_owner_only(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def log(
+        self,
+        level: LogLevel,
+        step: str,
+        message: str,
+        details: Mapping[str, object] | None = None,
+    ) -> None:
+        """Write one line; newlines in the message are escaped so a record stays one line."""
+        if level not in _LEVELS:
+            raise UsageError(f"log level must be one of {sorted(_LEVELS)}, got {level!r}")
+        text = _one_line(self.redactor.redact(message))
+        extra = canonical_json(self.redactor.redact_json(dict(details or {})))
+        stamp = iso_utc(self._clock() if self._clock is not None else None)
+        line = f"{stamp} {level} [{_one_line(step)}] {text} {extra}\n".encode()
+        with self._lock:
+            if self._fd < 0:
+                raise UsageError(f"run log {self.path} is closed")
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view) :]
+
+    def debug(self, step: str, message: str, details: Mapping[str, object] | None = None) -> None:
+        self.log("DEBUG", step, message, details)
+
+    def info(self, step: str, message: str, details: Mapping[str, object] | None = None) -> None:
+        self.log("INFO", step, message, details)
+
+    def warning(self, step: str, message: str, details: Mapping[str, object] | None = None) -> None:
+        self.log("WARNING", step, message, details)
+
+    def error(self, step: str, message: str, details: Mapping[str, object] | None = None) -> None:
+        self.log("ERROR", step, message, details)
+
+    def output(self, step: str, text: str, *, level: LogLevel = "INFO") -> None:
+        """Log a child process's output, one line per non-blank line, redacted.
+
+        The whole chunk is redacted before it is split, so a secret that itself holds a
+        line break (a PEM key) is still caught.
+        """
+        for line in self.redactor.redact(text).splitlines():
+            if line.strip():
+                self.log(level, step, line)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\n")
