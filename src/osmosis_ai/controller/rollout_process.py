@@ -1,0 +1,297 @@
+"""Starting a workspace rollout server as a child process, the way a controller does.
+
+``python rollouts/<name>/<entrypoint>`` runs in its own process group with
+``_OSMOSIS_ROLLOUT_PORT``, ``_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` and
+``_OSMOSIS_ROLLOUT_INSTANCE_ID`` set. When the rollout's declared dependencies are
+already installed here, the current interpreter runs it (fast path); otherwise uv builds
+an isolated environment from ``rollouts/<name>/pyproject.toml``. The server counts as up
+once ``/health`` answers with our instance id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from osmosis_ai.controller.errors import ControllerError
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
+
+PORT_ENV = "_OSMOSIS_ROLLOUT_PORT"
+ARTIFACT_ROOT_ENV = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
+INSTANCE_ID_ENV = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
+INSTANCE_HEADER = "x-osmosis-rollout-instance-id"
+RESERVED_ENV = (PORT_ENV, ARTIFACT_ROOT_ENV, INSTANCE_ID_ENV)
+
+
+class RolloutServerError(ControllerError):
+    """The rollout server could not be started or stopped being healthy."""
+
+
+@dataclass(frozen=True)
+class DependencyCheck:
+    """Whether this interpreter already satisfies a rollout's declared dependencies."""
+
+    satisfied: bool
+    missing: tuple[str, ...] = ()
+
+
+def check_dependencies(rollout_dir: Path) -> DependencyCheck:
+    """Compare ``[project].dependencies`` of the rollout's pyproject.toml with what is
+    installed here. A rollout without a pyproject.toml runs in this interpreter."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    pyproject = rollout_dir / "pyproject.toml"
+    if not pyproject.is_file():
+        return DependencyCheck(True)
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RolloutServerError(f"cannot read {pyproject}: {exc}") from exc
+    missing: list[str] = []
+    for spec in data.get("project", {}).get("dependencies", []):
+        try:
+            requirement = Requirement(str(spec))
+        except InvalidRequirement as exc:
+            raise RolloutServerError(f"{pyproject}: invalid dependency {spec!r}: {exc}") from exc
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        if not _installed(requirement):
+            missing.append(str(requirement))
+    return DependencyCheck(not missing, tuple(missing))
+
+
+def _installed(requirement: Requirement) -> bool:
+    """Installed at a matching version, with the packages each requested extra adds."""
+    from packaging.requirements import Requirement
+
+    try:
+        version = metadata.version(requirement.name)
+    except metadata.PackageNotFoundError:
+        return False
+    if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
+        return False
+    for extra in requirement.extras:
+        for spec in metadata.requires(requirement.name) or []:
+            needed = Requirement(spec)
+            marker = needed.marker
+            only_for_extra = (
+                marker is not None
+                and marker.evaluate({"extra": extra})
+                and not marker.evaluate({"extra": ""})
+            )
+            if only_for_extra and not _installed(needed):
+                return False
+    return True
+
+
+@dataclass
+class RolloutServerProcess:
+    """A rollout server child process; use :meth:`start`, then :meth:`stop`."""
+
+    rollout_dir: Path
+    entrypoint: Path
+    artifact_root: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    port: int | None = None
+    on_output: Callable[[str], None] | None = None
+    health_timeout_sec: float = 90.0
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    process: subprocess.Popen[bytes] | None = None
+    isolated: bool = False
+    _reader: threading.Thread | None = None
+    _tail: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        """The command line: this interpreter, or ``uv run`` in the rollout's own env."""
+        deps = check_dependencies(self.rollout_dir)
+        if deps.satisfied:
+            self.isolated = False
+            return [sys.executable, str(self.entrypoint)]
+        uv = shutil.which("uv")
+        if uv is None:
+            raise RolloutServerError(
+                f"rollout {self.rollout_dir.name!r} needs packages this environment lacks "
+                f"({', '.join(deps.missing)}) and uv is not installed to build its own "
+                "environment: pip install uv, or pip install the missing packages here"
+            )
+        self.isolated = True
+        return [uv, "run", "--project", str(self.rollout_dir), "python", str(self.entrypoint)]
+
+    def sync(self) -> None:
+        """Build the isolated environment (``uv sync``) when the fast path is not possible."""
+        command = self.command()
+        if not self.isolated:
+            return
+        result = subprocess.run(
+            [command[0], "sync", "--project", str(self.rollout_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if self.on_output is not None:
+            self.on_output(result.stdout + result.stderr)
+        if result.returncode != 0:
+            raise RolloutServerError(
+                f"uv sync failed for rollouts/{self.rollout_dir.name} (exit {result.returncode}): "
+                f"{(result.stderr or result.stdout).strip()[-2000:]}"
+            )
+
+    def start(self) -> RolloutServerProcess:
+        """Spawn the server and wait until ``/health`` answers with our instance id."""
+        explicit_port = self.port is not None
+        for attempt in range(1 if explicit_port else 2):
+            if not explicit_port:
+                self.port = _free_port()
+            elif _port_busy(self.port):  # type: ignore[arg-type]
+                raise RolloutServerError(
+                    f"port {self.port} is already in use: choose another --rollout-port "
+                    "or stop the process holding it"
+                )
+            self._spawn()
+            try:
+                self._wait_healthy()
+                return self
+            except _PortTaken:
+                self.stop()
+                if attempt == 1 or explicit_port:
+                    raise RolloutServerError(
+                        f"port {self.port} was taken by another process"
+                    ) from None
+        return self
+
+    def _spawn(self) -> None:
+        env = {**os.environ, **self.env}
+        if self.isolated:
+            env.pop("VIRTUAL_ENV", None)  # uv picks the rollout's own environment
+        env.update(
+            {
+                PORT_ENV: str(self.port),
+                ARTIFACT_ROOT_ENV: str(self.artifact_root),
+                INSTANCE_ID_ENV: self.instance_id,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        self._tail = []
+        self.process = subprocess.Popen(
+            self.command(),
+            cwd=self.rollout_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(
+            target=self._pump, name="rollout-server-output", daemon=True
+        )
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for raw in self.process.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._tail.append(line)
+            del self._tail[:-60]
+            if self.on_output is not None:
+                self.on_output(line)
+
+    def _wait_healthy(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.health_timeout_sec
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    self._died()
+                try:
+                    response = client.get(f"{self.url}/health")
+                except httpx.TransportError:
+                    time.sleep(0.05)
+                    continue
+                owner = response.headers.get(INSTANCE_HEADER)
+                if owner is None and response.status_code == 200:
+                    with contextlib.suppress(ValueError):
+                        owner = response.json().get("instance_id")
+                if owner != self.instance_id:
+                    raise _PortTaken
+                if response.status_code == 200:
+                    return
+                time.sleep(0.05)
+        self.stop()
+        raise RolloutServerError(
+            f"the rollout server ({self.entrypoint.name}) did not become healthy within "
+            f"{self.health_timeout_sec:.0f}s on port {self.port}; "
+            f"its last output:\n{self.output_tail()}"
+        )
+
+    def _died(self) -> None:
+        assert self.process is not None
+        if self._reader is not None:
+            self._reader.join(timeout=2)
+        code = self.process.returncode
+        raise RolloutServerError(
+            f"the rollout server (rollouts/{self.rollout_dir.name}/{self.entrypoint.name}) exited "
+            f"with code {code} before it was healthy; its last output:\n{self.output_tail()}"
+        )
+
+    def output_tail(self, lines: int = 25) -> str:
+        return "\n".join(self._tail[-lines:]) or "(no output)"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace_sec: float = 5.0) -> None:
+        """SIGTERM the process group, then SIGKILL after ``grace_sec``."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_sec)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+        if self._reader is not None:
+            self._reader.join(timeout=2)
+
+
+class _PortTaken(Exception):
+    """Something else answers on the port we picked."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False

@@ -1,0 +1,97 @@
+"""Starting workspace rollout servers as child processes."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from osmosis_ai.controller.rollout_process import (
+    RolloutServerError,
+    RolloutServerProcess,
+    check_dependencies,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart" / "rollouts" / "multiply"
+
+
+def make_rollout(tmp_path: Path, body: str, pyproject: str | None = None) -> Path:
+    rollout = tmp_path / "rollouts" / "r"
+    rollout.mkdir(parents=True)
+    (rollout / "main.py").write_text(textwrap.dedent(body))
+    if pyproject is not None:
+        (rollout / "pyproject.toml").write_text(textwrap.dedent(pyproject))
+    return rollout
+
+
+def test_serves_the_example_and_passes_the_contract_env(tmp_path):
+    lines: list[str] = []
+    server = RolloutServerProcess(
+        rollout_dir=EXAMPLE,
+        entrypoint=EXAMPLE / "main.py",
+        artifact_root=tmp_path / "trials",
+        on_output=lines.append,
+    )
+    try:
+        server.start()
+        assert server.alive() and not server.isolated
+        health = httpx.get(f"{server.url}/health")
+        assert health.json()["instance_id"] == server.instance_id
+        assert health.headers["x-osmosis-rollout-instance-id"] == server.instance_id
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
+def test_import_error_is_reported_with_the_traceback(tmp_path):
+    rollout = make_rollout(tmp_path, "raise RuntimeError('config is broken: missing API_URL')\n")
+    server = RolloutServerProcess(
+        rollout_dir=rollout, entrypoint=rollout / "main.py", artifact_root=tmp_path / "t"
+    )
+    with pytest.raises(RolloutServerError, match="exited with code 1") as info:
+        server.start()
+    assert "config is broken: missing API_URL" in str(info.value)
+
+
+def test_busy_port_is_refused(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        server = RolloutServerProcess(
+            rollout_dir=EXAMPLE, entrypoint=EXAMPLE / "main.py", artifact_root=tmp_path, port=port
+        )
+        with pytest.raises(RolloutServerError, match=f"port {port} is already in use"):
+            server.start()
+
+
+def test_dependency_check(tmp_path):
+    ok = make_rollout(
+        tmp_path,
+        "",
+        """
+        [project]
+        name = "r"
+        version = "0"
+        dependencies = ["httpx>=0.1", "pydantic", "nothing-here; python_version < '3'"]
+        """,
+    )
+    assert check_dependencies(ok).satisfied
+    (ok / "pyproject.toml").write_text(
+        '[project]\nname = "r"\nversion = "0"\ndependencies = ["definitely-not-installed>=1", "httpx>=999"]\n'
+    )
+    check = check_dependencies(ok)
+    assert not check.satisfied
+    assert check.missing == ("definitely-not-installed>=1", "httpx>=999")
+    if shutil.which("uv") is None:
+        server = RolloutServerProcess(
+            rollout_dir=ok, entrypoint=ok / "main.py", artifact_root=tmp_path
+        )
+        with pytest.raises(
+            RolloutServerError, match=r"definitely-not-installed>=1.*pip install uv"
+        ):
+            server.command()
