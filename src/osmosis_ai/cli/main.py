@@ -1,40 +1,48 @@
-"""Entry point of the ``osmosis`` console script.
+"""Entry point of the ``osmosis`` console script: argv in, exit code out.
 
-Kept to the standard library so that ``osmosis --help`` and ``osmosis --version`` start
-in milliseconds; command groups import what they need when they run.
+``osmosis --version`` is answered here before anything else is imported; everything else
+goes to :mod:`osmosis_ai.cli.dispatch`. Exit codes: 0 success or declined prompt,
+1 handled error, 2 usage error, 130 interrupted.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Sequence
 
-from osmosis_ai.consts import PACKAGE_VERSION
+from osmosis_ai.consts import PACKAGE_VERSION, package_name
 
-USAGE = """\
-Usage: osmosis [OPTIONS] COMMAND [ARGS]...
+# Not typing.TYPE_CHECKING: importing typing alone costs more than the rest of `--help`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
-  Build, evaluate and train LLM agents with reinforcement learning.
-
-Options:
-  -V, --version  Show the version and exit.
-  -h, --help     Show this message and exit.
-
-Serve a rollout:
-  python rollouts/<name>/main.py   serves on $_OSMOSIS_ROLLOUT_PORT (default 8000)
-"""
+_VERSION_LINE = ("-V", "--version", "--json", "--plain")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``osmosis`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
+    if args and all(arg in _VERSION_LINE for arg in args) and {"-V", "--version"} & set(args):
+        sys.stdout.write(f"{package_name} {PACKAGE_VERSION}\n")
         return 0
-    if args[0] in ("-V", "--version"):
-        sys.stdout.write(f"osmosis-ai {PACKAGE_VERSION}\n")
-        return 0
-    sys.stderr.write(f"Error: no such command {args[0]!r}. Run 'osmosis --help' for usage.\n")
-    return 2
+    try:
+        from osmosis_ai.cli.dispatch import run
+
+        return run(args)
+    except BrokenPipeError:  # e.g. `osmosis ... | head`: stop quietly
+        _silence_stdout()
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
