@@ -54,6 +54,8 @@ class _Tracked:
     err_message: str | None = None
     cancel_disposition: str | None = None
     finished_at: float | None = None
+    artifacts: Path | None = None
+    artifacts_ready: bool = False
 
 
 class LocalBackend(ExecutionBackend):
@@ -204,7 +206,7 @@ class LocalBackend(ExecutionBackend):
                 if request.grade and workflow.status == RolloutStatus.SUCCESS:
                     self._set_status(tracked, RolloutStatus.GRADING)
                     await ctx.set_status(RolloutStatus.GRADING)
-                    grader = await self._grader_phase(request, workflow.sample)
+                    grader = await self._grader_phase(request, workflow.sample, tracked)
                     await _notify(on_grader_complete, grader, "grader")
             outcome = ExecutionOutcome(workflow, grader)
             final = outcome.result
@@ -243,7 +245,7 @@ class LocalBackend(ExecutionBackend):
             try:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 async with asyncio.timeout(remaining):
-                    sample = await self._run_workflow(request, rctx)
+                    sample = await self._run_workflow(request, rctx, tracked)
             except TimeoutError:
                 if deadline is not None and time.monotonic() >= deadline:
                     return _timeout_result("workflow", budget, queued_for)
@@ -263,7 +265,7 @@ class LocalBackend(ExecutionBackend):
                 self._slots.release()
 
     async def _run_workflow(
-        self, request: ExecutionRequest, rctx: RolloutContext
+        self, request: ExecutionRequest, rctx: RolloutContext, tracked: _Tracked
     ) -> RolloutSample | None:
         config = copy.deepcopy(self.workflow_config)
         workflow = self.workflow_cls(config)
@@ -271,7 +273,7 @@ class LocalBackend(ExecutionBackend):
             prompt=copy.deepcopy(request.prompt),
             config=config,
             metadata=copy.deepcopy(request.metadata),
-            artifacts_dir=await self._artifacts_dir(request.id),
+            artifacts_dir=await self._artifacts_dir(request.id, tracked),
         )
         output = coerce_output(await workflow.run(ctx))
         if output is None:
@@ -284,7 +286,7 @@ class LocalBackend(ExecutionBackend):
         return RolloutSample(messages=output.messages, label=request.label, metrics=output.metrics)
 
     async def _grader_phase(
-        self, request: ExecutionRequest, sample: RolloutSample | None
+        self, request: ExecutionRequest, sample: RolloutSample | None, tracked: _Tracked
     ) -> ExecutionResult:
         if self.grader_cls is None:
             return ExecutionResult.failure(
@@ -317,7 +319,7 @@ class LocalBackend(ExecutionBackend):
                     sample=graded,
                     project_path=self.project_path,
                     metadata=copy.deepcopy(request.metadata),
-                    artifacts_dir=await self._artifacts_dir(request.id),
+                    artifacts_dir=await self._artifacts_dir(request.id, tracked),
                 )
                 async with asyncio.timeout(budget):
                     await grader.grade(ctx)
@@ -347,25 +349,14 @@ class LocalBackend(ExecutionBackend):
 
     # -- bookkeeping ---------------------------------------------------------------------
 
-    async def _artifacts_dir(self, rollout_id: str) -> Path | None:
-        target = self.artifact_root / rollout_id / "artifacts"
-        delay = 0.5
-        for attempt in range(3):
-            try:
-                target.mkdir(parents=True, exist_ok=True)
-                probe = target / _PROBE_NAME
-                probe.write_bytes(b"ok")
-                probe.unlink()
-                return target
-            except OSError as exc:
-                if attempt == 2:
-                    logger.warning(
-                        "rollout %s: no artifacts dir at %s: %s", rollout_id, target, exc
-                    )
-                    return None
-                await asyncio.sleep(delay)
-                delay *= 2
-        return None
+    async def _artifacts_dir(self, rollout_id: str, tracked: _Tracked) -> Path | None:
+        # Made once per rollout, off the event loop (filesystem work and its retries).
+        if not tracked.artifacts_ready:
+            tracked.artifacts = await asyncio.to_thread(
+                _prepare_artifacts_dir, self.artifact_root, rollout_id
+            )
+            tracked.artifacts_ready = True
+        return tracked.artifacts
 
     def _set_status(self, tracked: _Tracked, status: RolloutStatus) -> None:
         if not tracked.status.is_terminal:
@@ -396,6 +387,26 @@ class LocalBackend(ExecutionBackend):
             _, rollout_id, tracked = finished.popleft()
             if self._tracked.get(rollout_id) is tracked:
                 del self._tracked[rollout_id]
+
+
+def _prepare_artifacts_dir(root: Path, rollout_id: str) -> Path | None:
+    """``<root>/<id>/artifacts/``, created and write-probed (3 attempts), or ``None``."""
+    target = root / rollout_id / "artifacts"
+    delay = 0.5
+    for attempt in range(3):
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            probe = target / _PROBE_NAME
+            probe.write_bytes(b"ok")
+            probe.unlink()
+            return target
+        except OSError as exc:
+            if attempt == 2:
+                logger.warning("rollout %s: no artifacts dir at %s: %s", rollout_id, target, exc)
+                return None
+            time.sleep(delay)
+            delay *= 2
+    return None
 
 
 def _live(tracked: _Tracked) -> bool:

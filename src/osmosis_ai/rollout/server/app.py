@@ -20,7 +20,6 @@ from typing import Any
 from osmosis_ai.errors import MissingExtraError
 
 try:
-    import httpx
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
 except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environment
@@ -30,6 +29,7 @@ from pydantic import ValidationError
 
 from osmosis_ai.consts import PACKAGE_VERSION
 from osmosis_ai.rollout.backend.base import ExecutionBackend
+from osmosis_ai.rollout.http import async_client
 from osmosis_ai.rollout.protocol import (
     POLLING_LEASE_HEADER,
     CancelRolloutsRequest,
@@ -106,9 +106,7 @@ def create_rollout_server(
 
     @contextlib.asynccontextmanager
     async def server_lifespan(app: FastAPI) -> AsyncGenerator[None]:
-        client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        )
+        client = async_client()
         registry = Registry(
             polling_lease_timeout_sec=polling_lease_timeout_sec,
             result_retention_sec=result_retention_sec,

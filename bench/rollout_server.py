@@ -1,0 +1,684 @@
+"""Rollout-server benchmark: our server against a do-nothing ceiling, one table, one run.
+
+Measures ``import osmosis_ai.rollout`` in fresh interpreters, starts the scripted model
+(0 ms and 50 ms latency; a multiply tool call, then ``#### 42``), the bare rollout server
+(``bench/rollouts/bare/main.py``) and the trivial server (``bench/trivial_server.py``), each
+in its own process, then runs ``bench/loadgen.py`` (its own process too) for every
+generation x concurrency against the ceiling and against ours at each model latency,
+sampling the servers' RSS and CPU. Prints the table and the targets, as ratios to the
+ceiling measured in the same run::
+
+    python bench/rollout_server.py [--quick] [--generations polling,callback]
+                                   [--url URL] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from osmosis_ai.testing.serving import free_port
+
+BENCH = Path(__file__).resolve().parent
+PYTHON = sys.executable
+MIB = 1024 * 1024
+IMPORT_RUNS = 5
+IMPORT_PLAIN = "import osmosis_ai.rollout"
+IMPORT_AUTHOR = (
+    "from osmosis_ai.rollout import AgentWorkflow, Grader, LocalBackend, "
+    "AgentWorkflowOutput, GraderContext"
+)
+TARGET_IMPORT_MS = 150.0
+TARGET_P50_MS = 10.0
+TARGET_RATIO = 0.5
+TARGET_RSS_MIB = 150.0
+
+
+@dataclass
+class Settings:
+    generations: list[str]
+    concurrencies: list[int]
+    latencies: list[float]
+    duration: float
+    warmup: float
+    min_rollouts: int
+    url: str | None
+    server_pid: int | None
+    json_path: Path | None
+    model_clients: int
+    rollout_timeout: float
+
+
+@dataclass
+class Cell:
+    generation: str
+    server: str  # "ours" | "ceiling"
+    concurrency: int
+    model_latency_ms: float | None
+    result: dict[str, Any]
+    rss_start_mib: float | None
+    rss_peak_mib: float | None
+    server_cpu_ms_per_rollout: float | None
+    ratio: float | None = None
+
+    @property
+    def rate(self) -> float:
+        return float(self.result.get("rollouts_per_s") or 0.0)
+
+
+@dataclass
+class Target:
+    name: str
+    passed: bool | None
+    figure: str
+
+
+@dataclass
+class Report:
+    environment: dict[str, Any]
+    imports: dict[str, Any]
+    cells: list[Cell] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+class Processes:
+    """Every child this run started; all are ended on exit, by pid."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Any:
+        log = (self.logs / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches only the runner, which ends them
+            cwd=BENCH.parent,
+        )
+        log.close()
+        self.children.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if proc in self.children:
+            self.children.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.children)):
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                self.stop(proc)
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        path = self.logs / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, what: str) -> None:
+    deadline = time.monotonic() + 30.0
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with code {proc.returncode} during start-up")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{url}/health").status_code == 200:
+                    return
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} at {url} did not answer GET /health within 30 s")
+
+
+class Sampler:
+    """Samples one process's RSS (peak) and CPU time while a cell runs."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.proc = psutil.Process(pid) if pid is not None else None
+        self.start_rss: float | None = None
+        self.peak_rss: float | None = None
+        self.cpu_s: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._cpu0 = 0.0
+
+    def _cpu(self) -> float:
+        assert self.proc is not None
+        times = self.proc.cpu_times()
+        return times.user + times.system
+
+    def _rss(self) -> float:
+        assert self.proc is not None
+        return self.proc.memory_info().rss / MIB
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            with contextlib.suppress(psutil.Error):
+                self.peak_rss = max(self.peak_rss or 0.0, self._rss())
+
+    def __enter__(self) -> Sampler:
+        if self.proc is not None:
+            with contextlib.suppress(psutil.Error):
+                self.start_rss = self.peak_rss = self._rss()
+                self._cpu0 = self._cpu()
+                self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or not self._thread.is_alive():
+            return
+        self._stop.set()
+        self._thread.join(2.0)
+        with contextlib.suppress(psutil.Error):
+            self.peak_rss = max(self.peak_rss or 0.0, self._rss())
+            self.cpu_s = self._cpu() - self._cpu0
+
+
+def pid_listening_on(url: str) -> int | None:
+    """The pid listening on the URL's port, when the OS lets us see it."""
+    port = httpx.URL(url).port
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return conn.pid
+    return None
+
+
+# -- measurements ----------------------------------------------------------------------------
+
+
+def time_import(statement: str, runs: int = IMPORT_RUNS) -> list[float]:
+    """Milliseconds ``statement`` takes in ``runs`` fresh interpreters."""
+    code = f"import time\nt = time.perf_counter()\n{statement}\nprint(time.perf_counter() - t)"
+    out: list[float] = []
+    for _ in range(runs):
+        done = subprocess.run(
+            [PYTHON, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        )
+        out.append(float(done.stdout.strip()) * 1000.0)
+    return out
+
+
+def heaviest_imports(statement: str, top: int = 6) -> list[tuple[str, float]]:
+    """The packages with the largest cumulative import time (``-X importtime``), in ms."""
+    done = subprocess.run(
+        [PYTHON, "-X", "importtime", "-c", statement],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    totals: dict[str, float] = {}
+    for line in done.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        name = parts[2].strip()
+        if "." in name and not name.startswith("osmosis_ai"):
+            continue
+        totals[name] = max(totals.get(name, 0.0), int(parts[1]) / 1000.0)
+    return sorted(totals.items(), key=lambda item: -item[1])[:top]
+
+
+def run_cell(
+    settings: Settings,
+    generation: str,
+    server: str,
+    url: str,
+    pid: int | None,
+    concurrency: int,
+    chat_url: str,
+    latency: float | None,
+    procs: Processes,
+    expect_reward: bool,
+) -> Cell:
+    argv = [
+        PYTHON,
+        str(BENCH / "loadgen.py"),
+        "--url",
+        url,
+        "--generation",
+        generation,
+        "--concurrency",
+        str(concurrency),
+        "--duration",
+        str(settings.duration),
+        "--warmup",
+        str(settings.warmup),
+        "--min-rollouts",
+        str(settings.min_rollouts),
+        "--chat-url",
+        chat_url,
+        "--timeout",
+        str(settings.rollout_timeout),
+    ]
+    if expect_reward:
+        argv += ["--expect-reward", "1.0"]
+    limit = settings.warmup + max(settings.duration * 3, settings.duration + 6)
+    limit += 2 * settings.rollout_timeout + 60
+    with Sampler(pid) as sampler:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
+        procs.children.append(proc)
+        try:
+            out, err = proc.communicate(timeout=limit)
+        finally:
+            procs.stop(proc)
+    if proc.returncode != 0 or not out.strip():
+        tail = err.decode(errors="replace")[-2000:]
+        result: dict[str, Any] = {"errors": 1, "error_kinds": {"loadgen_crashed": 1}, "log": tail}
+    else:
+        result = json.loads(out.decode().strip().splitlines()[-1])
+    cpu_ms = None
+    if sampler.cpu_s is not None and result.get("finished_total"):
+        # Server CPU over the whole loadgen run per rollout it finished (warm-up and drain too).
+        cpu_ms = 1000.0 * sampler.cpu_s / result["finished_total"]
+    return Cell(
+        generation=generation,
+        server=server,
+        concurrency=concurrency,
+        model_latency_ms=latency,
+        result=result,
+        rss_start_mib=sampler.start_rss,
+        rss_peak_mib=sampler.peak_rss,
+        server_cpu_ms_per_rollout=cpu_ms,
+    )
+
+
+def environment() -> dict[str, Any]:
+    def have(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "uvloop": have("uvloop"),
+        "httptools": have("httptools"),
+        "sniffio": have("sniffio"),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def benchmark(settings: Settings, report: Report, procs: Processes, artifacts: Path) -> None:
+    models: dict[float, str] = {}
+    for latency in settings.latencies:
+        port = free_port()
+        proc = procs.start(
+            f"model-{latency:g}ms",
+            [
+                PYTHON,
+                str(BENCH / "scripted_model.py"),
+                "--port",
+                str(port),
+                "--latency-ms",
+                str(latency),
+            ],
+        )
+        wait_healthy(f"http://127.0.0.1:{port}", proc, f"scripted model ({latency:g} ms)")
+        models[latency] = f"http://127.0.0.1:{port}/v1"
+
+    trivial_port = free_port()
+    trivial = procs.start(
+        "trivial", [PYTHON, str(BENCH / "trivial_server.py"), "--port", str(trivial_port)]
+    )
+    trivial_url = f"http://127.0.0.1:{trivial_port}"
+    wait_healthy(trivial_url, trivial, "trivial server")
+    first_chat = models[settings.latencies[0]]
+
+    for generation in settings.generations:
+        ours: subprocess.Popen[bytes] | None = None
+        if settings.url is None:
+            port = free_port()
+            ours = procs.start(
+                f"bare-{generation}",
+                [PYTHON, str(BENCH / "rollouts" / "bare" / "main.py")],
+                env={
+                    "_OSMOSIS_ROLLOUT_PORT": str(port),
+                    "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": str(artifacts / generation),
+                    "BENCH_MODEL_CLIENTS": str(settings.model_clients),
+                },
+            )
+            ours_url = f"http://127.0.0.1:{port}"
+            wait_healthy(ours_url, ours, "bare rollout server")
+            ours_pid: int | None = ours.pid
+        else:
+            ours_url = settings.url.rstrip("/")
+            ours_pid = settings.server_pid or pid_listening_on(ours_url)
+        for concurrency in settings.concurrencies:
+            ceiling = run_cell(
+                settings,
+                generation,
+                "ceiling",
+                trivial_url,
+                trivial.pid,
+                concurrency,
+                first_chat,
+                None,
+                procs,
+                expect_reward=True,
+            )
+            report.cells.append(ceiling)
+            print_row(ceiling)
+            for latency in settings.latencies:
+                cell = run_cell(
+                    settings,
+                    generation,
+                    "ours",
+                    ours_url,
+                    ours_pid,
+                    concurrency,
+                    models[latency],
+                    latency,
+                    procs,
+                    expect_reward=settings.url is None,
+                )
+                cell.ratio = cell.rate / ceiling.rate if ceiling.rate > 0 else None
+                report.cells.append(cell)
+                print_row(cell)
+        if ours is not None:
+            procs.stop(ours)
+            shutil.rmtree(artifacts / generation, ignore_errors=True)
+
+
+# -- output ----------------------------------------------------------------------------------
+
+COLUMNS = [
+    ("generation", 10),
+    ("model", 6),
+    ("conc", 5),
+    ("server", 8),
+    ("rollouts/s", 11),
+    ("p50 ms", 9),
+    ("p95 ms", 9),
+    ("p99 ms", 9),
+    ("errors", 7),
+    ("RSS MiB", 13),
+    ("vs ceiling", 11),
+    ("srv CPU ms/r", 13),
+    ("gen CPU", 8),
+]
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def header() -> str:
+    return "  ".join(f"{name:>{width}}" for name, width in COLUMNS)
+
+
+def print_header() -> None:
+    print(header())
+    print("-" * len(header()), flush=True)
+
+
+def row(cell: Cell) -> str:
+    res = cell.result
+    rss = "-"
+    if cell.rss_peak_mib is not None:
+        rss = f"{_fmt(cell.rss_start_mib, 0)}->{_fmt(cell.rss_peak_mib, 0)}"
+    errors = str(res.get("errors", "-"))
+    if res.get("retried_429"):
+        errors += f" (+{res['retried_429']} 429)"
+    values = [
+        cell.generation,
+        "-" if cell.model_latency_ms is None else f"{cell.model_latency_ms:g}ms",
+        str(cell.concurrency),
+        cell.server,
+        _fmt(res.get("rollouts_per_s")),
+        _fmt(res.get("p50_ms")),
+        _fmt(res.get("p95_ms")),
+        _fmt(res.get("p99_ms")),
+        errors,
+        rss,
+        "-" if cell.ratio is None else f"{100 * cell.ratio:.0f}%",
+        _fmt(cell.server_cpu_ms_per_rollout, 2),
+        "-" if res.get("generator_cpu_pct") is None else f"{res['generator_cpu_pct']:.0f}%",
+    ]
+    return "  ".join(f"{v:>{w}}" for v, (_, w) in zip(values, COLUMNS, strict=True))
+
+
+def print_row(cell: Cell) -> None:
+    print(row(cell), flush=True)
+    kinds = cell.result.get("error_kinds") or {}
+    if kinds:
+        examples = cell.result.get("error_examples") or {}
+        for kind, count in kinds.items():
+            print(f"{'':>12}! {count} x {kind}: {examples.get(kind, cell.result.get('log', ''))}")
+
+
+def _find(report: Report, generation: str, server: str, conc: int, latency: float | None) -> Any:
+    for cell in report.cells:
+        if (cell.generation, cell.server, cell.concurrency, cell.model_latency_ms) == (
+            generation,
+            server,
+            conc,
+            latency,
+        ):
+            return cell
+    return None
+
+
+def evaluate(report: Report, settings: Settings) -> None:
+    targets = report.targets
+    plain = report.imports["plain_median_ms"]
+    targets.append(
+        Target(
+            f"import osmosis_ai.rollout <= {TARGET_IMPORT_MS:g} ms",
+            plain <= TARGET_IMPORT_MS,
+            f"median {plain:.0f} ms (author import: {report.imports['author_median_ms']:.0f} ms)",
+        )
+    )
+    for generation in settings.generations:
+        cell = _find(report, generation, "ours", 1, 0.0)
+        p50 = None if cell is None else cell.result.get("p50_ms")
+        targets.append(
+            Target(
+                f"{generation}: p50 <= {TARGET_P50_MS:g} ms at c=1, 0 ms model",
+                None if p50 is None else p50 <= TARGET_P50_MS,
+                "not measured" if p50 is None else f"p50 {p50:.1f} ms",
+            )
+        )
+        cell = _find(report, generation, "ours", 64, 0.0)
+        ceiling = _find(report, generation, "ceiling", 64, None)
+        ratio = None if cell is None else cell.ratio
+        targets.append(
+            Target(
+                f"{generation}: >= {100 * TARGET_RATIO:.0f}% of ceiling at c=64, 0 ms model",
+                None if ratio is None else ratio >= TARGET_RATIO,
+                "not measured"
+                if ratio is None
+                else f"{100 * ratio:.0f}% ({cell.rate:.0f} vs {ceiling.rate:.0f} rollouts/s)",
+            )
+        )
+        at_256 = [
+            c
+            for c in report.cells
+            if c.generation == generation and c.server == "ours" and c.concurrency == 256
+        ]
+        errors = sum(int(c.result.get("errors") or 0) for c in at_256)
+        completed = sum(int(c.result.get("completed") or 0) for c in at_256)
+        targets.append(
+            Target(
+                f"{generation}: 0 errors at c=256",
+                None if not at_256 else errors == 0 and completed > 0,
+                "not measured" if not at_256 else f"{errors} errors, {completed} completed",
+            )
+        )
+    peaks = [c.rss_peak_mib for c in report.cells if c.server == "ours" and c.rss_peak_mib]
+    peak = max(peaks) if peaks else None
+    targets.append(
+        Target(
+            f"server RSS <= {TARGET_RSS_MIB:g} MiB",
+            None if peak is None else peak <= TARGET_RSS_MIB,
+            "not measured" if peak is None else f"peak {peak:.0f} MiB",
+        )
+    )
+
+
+def print_targets(report: Report) -> None:
+    print("\ntargets (bare workflow, plain HTTP model calls)")
+    for target in report.targets:
+        verdict = {True: "PASS", False: "MISS", None: "n/a "}[target.passed]
+        print(f"  {verdict}  {target.name:<52} {target.figure}")
+
+
+# -- CLI -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(
+        description="Benchmark the rollout server against a trivial ceiling; prints one table."
+    )
+    parser.add_argument("--quick", action="store_true", help="short cells (~1 minute in all)")
+    parser.add_argument("--generations", default="polling,callback")
+    parser.add_argument("--concurrency", default="1,16,64,256", help="comma-separated levels")
+    parser.add_argument("--latencies", default="0,50", help="scripted model latencies, ms")
+    parser.add_argument("--duration", type=float, help="measuring window per cell, seconds")
+    parser.add_argument("--warmup", type=float, help="unmeasured lead-in per cell, seconds")
+    parser.add_argument("--url", help="drive this running rollout server instead of ours")
+    parser.add_argument("--server-pid", type=int, help="pid of --url's server, for RSS")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--model-clients",
+        type=int,
+        default=1,
+        help="httpx clients the bare workflow spreads model calls over (default 1: one shared)",
+    )
+    parser.add_argument(
+        "--rollout-timeout", type=float, default=30.0, help="a rollout slower than this errs"
+    )
+    args = parser.parse_args(argv)
+    generations = [g.strip() for g in args.generations.split(",") if g.strip()]
+    if not generations or any(g not in ("polling", "callback") for g in generations):
+        parser.error("--generations takes polling, callback or both, comma-separated")
+    return Settings(
+        generations=generations,
+        concurrencies=[int(c) for c in args.concurrency.split(",")],
+        latencies=[float(x) for x in args.latencies.split(",")],
+        duration=args.duration or (1.0 if args.quick else 4.0),
+        warmup=args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0),
+        min_rollouts=10 if args.quick else 30,
+        url=args.url,
+        server_pid=args.server_pid,
+        json_path=args.json,
+        model_clients=max(1, args.model_clients),
+        rollout_timeout=args.rollout_timeout,
+    )
+
+
+@contextlib.contextmanager
+def signals_as_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt (even where SIGINT was ignored at start)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(argv)
+    started = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="osmosis-bench-"))
+    procs = Processes(workdir)
+    env = environment()
+    print(
+        f"python {env['python']}, {env['cpus']} CPUs, uvloop={env['uvloop']}, "
+        f"httptools={env['httptools']}, sniffio={env['sniffio']}, "
+        f"load average {env['loadavg_start']}"
+    )
+    if not env["sniffio"]:
+        print(
+            "note: sniffio is not installed, so httpcore retries `import sniffio` (a sys.path "
+            "scan) on every request, in the generator and in the servers alike"
+        )
+    plain = time_import(IMPORT_PLAIN)
+    author = time_import(IMPORT_AUTHOR)
+    imports = {
+        "plain_ms": [round(x, 1) for x in plain],
+        "plain_median_ms": statistics.median(plain),
+        "author_ms": [round(x, 1) for x in author],
+        "author_median_ms": statistics.median(author),
+        "author_heaviest_ms": heaviest_imports(IMPORT_AUTHOR),
+    }
+    print(
+        f"\n`{IMPORT_PLAIN}`: median {imports['plain_median_ms']:.0f} ms of {IMPORT_RUNS} "
+        f"fresh interpreters\n`{IMPORT_AUTHOR}`: median {imports['author_median_ms']:.0f} ms"
+        "\n  heaviest (cumulative): "
+        + ", ".join(f"{name} {ms:.0f}" for name, ms in imports["author_heaviest_ms"])
+    )
+    report = Report(environment=env, imports=imports)
+    print(
+        f"\ncells: {settings.warmup:g} s warm-up, then >= {settings.duration:g} s and "
+        f">= {settings.min_rollouts} rollouts; RSS = server RSS at cell start -> peak; "
+        f"bare workflow on {settings.model_clients} shared model client(s)\n"
+    )
+    print_header()
+    interrupted = failed = False
+    with signals_as_interrupt():
+        try:
+            benchmark(settings, report, procs, workdir / "artifacts")
+        except KeyboardInterrupt:
+            interrupted = True
+            print("\ninterrupted: stopping the servers", flush=True)
+        except RuntimeError as exc:
+            failed = True
+            print(f"\nbenchmark aborted: {exc}", flush=True)
+            for log in sorted(workdir.glob("*.log")):
+                print(f"--- {log.name} (last lines)\n{procs.tail(log.stem)}")
+        finally:
+            procs.stop_all()
+            report.environment["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+            shutil.rmtree(workdir, ignore_errors=True)
+    report.wall_s = round(time.perf_counter() - started, 1)
+    evaluate(report, settings)
+    print_targets(report)
+    print(f"\nload average at end {report.environment['loadavg_end']}; wall {report.wall_s} s")
+    if settings.json_path is not None:
+        settings.json_path.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    return 130 if interrupted else 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
