@@ -20,8 +20,18 @@ ALLOWED: dict[str, set[str]] = {
     "train": {"controller", "rollout", "workspace", "errors", "consts"},
     "platform": {"eval", "train", "controller", "rollout", "workspace", "errors", "consts"},
     "testing": {"rollout", "controller", "errors", "consts"},
-    "cli": {"platform", "eval", "train", "controller", "rollout", "workspace", "testing", "errors", "consts"},
-    "__init__": {"consts"},
+    "cli": {
+        "platform",
+        "eval",
+        "train",
+        "controller",
+        "rollout",
+        "workspace",
+        "testing",
+        "errors",
+        "consts",
+    },
+    "__init__": {"consts", "errors", "eval"},  # eval: the lazy names of reference §1.2
 }
 
 
@@ -54,7 +64,9 @@ def test_imports_flow_one_way(path: Path):
     area = area_of(path)
     assert area in ALLOWED, f"{area} is not in the package map of docs/architecture.md"
     illegal = imported_areas(path) - ALLOWED[area] - {area}
-    assert not illegal, f"{path.relative_to(PACKAGE)} imports {sorted(illegal)}, against the dependency rule"
+    assert not illegal, (
+        f"{path.relative_to(PACKAGE)} imports {sorted(illegal)}, against the dependency rule"
+    )
 
 
 def test_every_area_is_documented():

@@ -77,7 +77,7 @@ COMMANDS: tuple[Command, ...] = (
     _cmd("doctor", "Check the workspace scaffold; --fix creates what is missing.", "doctor"),
     _cmd("dataset validate", "Validate a dataset file (jsonl, csv, parquet).", "dataset_validate"),
     _cmd("eval run", "Run an evaluation locally.", PENDING),
-    _cmd("eval rubric", "Score conversations with an LLM judge.", PENDING),
+    _cmd("eval rubric", "Score conversations with an LLM judge.", "eval_rubric"),
     _cmd("train run", "Train locally.", PENDING),
     _cmd("rollout init", "Scaffold a new rollout and its configs.", PENDING),
     _cmd("template list", "List the workspace recipes.", PENDING),
