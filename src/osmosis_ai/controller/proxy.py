@@ -1,0 +1,251 @@
+"""The policy proxy: a rollout-scoped OpenAI chat-completions endpoint in front of the upstream.
+
+Agents call ``POST /v1/rollouts/<rollout_id>/chat/completions``; the proxy checks the run's
+bearer, forwards the whole body with ``model`` replaced, passes the answer through (JSON or
+SSE, chunk by chunk) and records each call. A raw ASGI app: it sits on every model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+from osmosis_ai.controller.asgi import (
+    Receive,
+    Scope,
+    Send,
+    dumps,
+    lifespan,
+    read_body,
+    send_error,
+    send_json,
+    upstream_error_reply,
+)
+from osmosis_ai.controller.calls import CallRecord, CallRecorder, build_report
+from osmosis_ai.controller.errors import UpstreamError
+from osmosis_ai.controller.relay import ask_usage, relay_stream
+from osmosis_ai.controller.upstream import Upstream
+from osmosis_ai.errors import UsageError
+
+if TYPE_CHECKING:
+    from osmosis_ai.rollout.trajectory.report import TrajectoryReport
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+_PREFIX = "/v1/rollouts/"
+_CHAT = "/chat/completions"
+_MODELS = "/models"
+
+
+@dataclass(slots=True)
+class _Rollout:
+    records: list[CallRecord] = field(default_factory=list)
+    next_index: int = 0
+    total_tokens: int = 0
+
+
+class PolicyProxy:
+    """Serves each registered rollout ``<base>/v1/rollouts/<id>`` in front of ``upstream``.
+
+    ``token`` is the bearer agents must send (random when ``None``; read it back from
+    :attr:`token`). ``request_token_data`` asks the upstream for ``logprobs`` and
+    ``return_token_ids`` unless the caller set them. Streams get ``: keep-alive`` comments
+    after ``keepalive_interval`` seconds without upstream data. With ``stream_usage`` a
+    stream asks for its usage chunk; if the caller did not, that chunk is recorded, not sent.
+    Serve the app on the event loop the upstream is used on.
+    """
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        token: str | None = None,
+        request_token_data: bool = False,
+        keepalive_interval: float = 15.0,
+        stream_usage: bool = True,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        if not keepalive_interval > 0:
+            raise UsageError(f"keepalive_interval={keepalive_interval!r}: give seconds > 0")
+        self.upstream = upstream
+        self.token = token if token is not None else secrets.token_urlsafe(32)
+        if not self.token:
+            raise UsageError("token='' would accept no caller: pass None for a random token")
+        self.request_token_data = request_token_data
+        self.keepalive_interval = keepalive_interval
+        self.stream_usage = stream_usage
+        self.max_body_bytes = max_body_bytes
+        self._auth = f"Bearer {self.token}".encode()
+        self._rollouts: dict[str, _Rollout] = {}
+        self._models = dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "created": 0, "owned_by": "osmosis"}
+                    for name in dict.fromkeys((upstream.model, "osmosis-rollout"))
+                ],
+            }
+        )
+
+    # -- rollouts and records --------------------------------------------------------------
+
+    @property
+    def app(self) -> PolicyProxy:
+        """The ASGI app (this instance)."""
+        return self
+
+    def register(self, rollout_id: str) -> None:
+        """Open the endpoint of ``rollout_id`` (a fresh, single path segment)."""
+        if not rollout_id or "/" in rollout_id:
+            raise UsageError(f"rollout id {rollout_id!r} must be one non-empty path segment")
+        if rollout_id in self._rollouts:
+            raise UsageError(f"rollout id {rollout_id!r} is already registered: discard it first")
+        self._rollouts[rollout_id] = _Rollout()
+
+    def discard(self, rollout_id: str) -> list[CallRecord]:
+        """Close the endpoint of ``rollout_id``; returns its remaining records (idempotent)."""
+        rollout = self._rollouts.pop(rollout_id, None)
+        return sorted(rollout.records, key=_by_index) if rollout else []
+
+    def chat_base_url(self, rollout_id: str, base: str) -> str:
+        """The ``chat_completions_url`` to hand a rollout server: ``<base>/v1/rollouts/<id>``."""
+        return f"{base.rstrip('/')}{_PREFIX}{quote(rollout_id, safe='')}"
+
+    def calls(self, rollout_id: str) -> list[CallRecord]:
+        """The finished calls of ``rollout_id`` so far, in call order."""
+        return sorted(self._rollout(rollout_id).records, key=_by_index)
+
+    def pop_calls(self, rollout_id: str) -> list[CallRecord]:
+        """:meth:`calls`, then forget them (the token total is kept)."""
+        rollout = self._rollout(rollout_id)
+        records, rollout.records = rollout.records, []
+        return sorted(records, key=_by_index)
+
+    def total_tokens(self, rollout_id: str) -> int:
+        """Tokens the upstream reported for every call of ``rollout_id``."""
+        return self._rollout(rollout_id).total_tokens
+
+    def trajectory_report(self, rollout_id: str) -> TrajectoryReport:
+        """The ``trajectory`` of a completion-callback ack (reference §2.8)."""
+        return build_report(rollout_id, self.upstream.model, self.calls(rollout_id))
+
+    def _rollout(self, rollout_id: str) -> _Rollout:
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            raise UsageError(f"rollout id {rollout_id!r} is not registered with this proxy")
+        return rollout
+
+    def _keep(self, rollout: _Rollout, record: CallRecord) -> None:
+        rollout.records.append(record)
+        if record.usage is not None:
+            rollout.total_tokens += record.usage.total
+
+    # -- ASGI ------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if not path.startswith(_PREFIX):
+            await send_error(send, 404, f"no route for {method} {path}", "not_found")
+            return
+        if not self._authorized(scope["headers"]):
+            await send_error(send, 401, "missing or wrong bearer token for the policy proxy")
+            return
+        raw: bytes | None = scope.get("raw_path")
+        rest = raw.decode("latin-1").partition("?")[0] if raw else path
+        rest = rest[len(_PREFIX) :]
+        if rest.endswith(_CHAT):
+            segment, allowed = rest[: -len(_CHAT)], "POST"
+        elif rest.endswith(_MODELS):
+            segment, allowed = rest[: -len(_MODELS)], "GET"
+        else:
+            await send_error(send, 404, f"no route for {method} {path}", "not_found")
+            return
+        if not segment or "/" in segment:
+            await send_error(send, 422, f"rollout id in {path!r} must be one path segment")
+            return
+        rollout_id = unquote(segment)
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            await send_error(send, 404, f"unknown rollout {rollout_id!r}", "unknown_rollout")
+            return
+        if method != allowed:
+            await send_error(send, 405, f"method {method} not allowed here; use {allowed}")
+            return
+        if allowed == "GET":
+            await send_json(send, 200, self._models)
+            return
+        raw_body = await read_body(receive, self.max_body_bytes)
+        if raw_body is None:
+            await send_error(send, 413, f"request body is over {self.max_body_bytes} bytes")
+            return
+        try:
+            body: object = json.loads(raw_body)
+        except ValueError as exc:
+            await send_error(send, 400, f"request body is not valid JSON: {exc}")
+            return
+        if not isinstance(body, dict):
+            await send_error(
+                send, 400, f"request body must be a JSON object, not {type(body).__name__}"
+            )
+            return
+        if self.request_token_data:
+            body.setdefault("logprobs", True)
+            body.setdefault("return_token_ids", True)
+        index, rollout.next_index = rollout.next_index, rollout.next_index + 1
+        recorder = CallRecorder(rollout_id, index, stream=bool(body.get("stream")))
+        try:
+            if recorder.stream:
+                hide_usage = self.stream_usage and ask_usage(body)
+                await relay_stream(
+                    self.upstream.stream(body),
+                    recorder,
+                    receive,
+                    send,
+                    keepalive_interval=self.keepalive_interval,
+                    hide_usage=hide_usage,
+                )
+            else:
+                await self._complete(body, recorder, send)
+        except asyncio.CancelledError:
+            recorder.fail(499, "the call was cancelled (client gone or server shutting down)")
+            raise
+        finally:
+            self._keep(rollout, recorder.finish())
+
+    def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        for name, value in headers:
+            if name == b"authorization":
+                return hmac.compare_digest(value, self._auth)
+        return False
+
+    async def _complete(self, body: dict[str, Any], recorder: CallRecorder, send: Send) -> None:
+        try:
+            content = await self.upstream.complete(body)
+        except Exception as exc:  # a broken upstream must still answer the agent
+            error = exc if isinstance(exc, UpstreamError) else _broken(self.upstream, exc)
+            status, payload = upstream_error_reply(error)
+            recorder.fail(status, str(error))
+            await send_json(send, status, payload)
+            return
+        await send_json(send, 200, content)
+        recorder.body(content)  # after sending: recording never delays the agent
+
+
+def _broken(upstream: Upstream, exc: Exception) -> UpstreamError:
+    message = f"model upstream {upstream.target} failed: {type(exc).__name__}: {exc}"
+    return UpstreamError(message, url=upstream.target)
+
+
+def _by_index(record: CallRecord) -> int:
+    return record.index

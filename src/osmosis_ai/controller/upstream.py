@@ -1,0 +1,361 @@
+"""The model behind the policy proxy: an OpenAI-compatible URL, or a provider via LiteLLM.
+
+An :class:`Upstream` takes an OpenAI chat-completions body and answers raw bytes (one JSON
+body, or the ``data:`` payloads of an SSE stream) so the proxy can pass them through as is.
+:func:`upstream_from_model_path` maps a config ``model_path`` to one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from osmosis_ai.controller.errors import (
+    UpstreamConnectionError,
+    UpstreamError,
+    UpstreamRequestError,
+    error_for_status,
+    provider_message,
+)
+from osmosis_ai.errors import ConfigError, MissingExtraError, UsageError
+from osmosis_ai.rollout.http import async_client
+
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_TIMEOUT_SEC = 600.0
+_DRAIN_TIMEOUT_SEC = 0.25
+_PREFLIGHT_MAX_TOKENS = 16
+_PREFLIGHT_MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@dataclass(frozen=True, slots=True)
+class Preflight:
+    """A passed preflight. ``rate_limited`` means the provider answered 429: the model and
+    key are fine but calls may be throttled; ``warning`` says so in words."""
+
+    model: str
+    target: str
+    latency_ms: float
+    rate_limited: bool = False
+    warning: str | None = None
+
+
+class Upstream(Protocol):
+    """A chat-completions model. ``body`` is an OpenAI request that the upstream may modify
+    (it sets ``model``); errors are :class:`UpstreamError` subclasses."""
+
+    @property
+    def model(self) -> str:
+        """The policy model name sent upstream (the name callers ask for is ignored)."""
+        ...
+
+    @property
+    def target(self) -> str:
+        """Where calls go, for messages: a URL or ``litellm:<provider/model>``."""
+        ...
+
+    async def complete(self, body: dict[str, Any]) -> bytes:
+        """One non-streaming call: the raw JSON body of a 2xx answer."""
+        ...
+
+    def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """One streaming call: each SSE ``data:`` payload as it arrives, ending with
+        ``[DONE]`` when the upstream sends it (the iterator may then still tidy up its
+        connection). An error status raises before the first payload."""
+        ...
+
+    async def preflight(self) -> Preflight:
+        """One tiny call that fails fast on a wrong key, model or URL (429 passes)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+class OpenAICompatibleUpstream:
+    """Any OpenAI-compatible server (OpenAI, vLLM, SGLang, Ollama, llama.cpp, …) over one
+    shared keep-alive ``httpx.AsyncClient``, created on first use on the calling event loop.
+
+    ``extra_body`` keys are merged into every request and win over the caller's.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        model: str,
+        *,
+        extra_body: Mapping[str, Any] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SEC,
+        connect_timeout: float = 10.0,
+        max_connections: int = 1024,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._model = model
+        self._target = f"{self.base_url}/chat/completions"
+        self._extra = dict(extra_body or {})
+        self._url = httpx.URL(self._target)
+        self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
+        if api_key:
+            self._headers.append((b"authorization", f"Bearer {api_key}".encode()))
+        self._timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
+        self._extensions = {"timeout": self._timeout.as_dict()}
+        self._max_connections = max_connections
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def target(self) -> str:
+        return self._target
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = async_client(
+                max_connections=self._max_connections, timeout=self._timeout
+            )
+        return self._client
+
+    def _request(self, body: dict[str, Any]) -> httpx.Request:
+        # Built directly, not with client.build_request: the URL, headers and timeout are
+        # fixed per upstream, so per-call merging would be wasted work on the hot path.
+        if self._extra:
+            body.update(self._extra)
+        body["model"] = self._model
+        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        return httpx.Request(
+            "POST", self._url, headers=self._headers, content=content, extensions=self._extensions
+        )
+
+    def _unreachable(self, exc: httpx.HTTPError, during: str) -> UpstreamConnectionError:
+        detail = str(exc) or "no detail"
+        if isinstance(exc, httpx.TimeoutException):
+            detail = f"timed out ({detail})"
+        return UpstreamConnectionError(
+            f"cannot reach the model upstream {self._target} {during}: "
+            f"{type(exc).__name__}: {detail}",
+            url=self._target,
+        )
+
+    async def _send(self, request: httpx.Request, *, stream: bool) -> httpx.Response:
+        client = self._http()
+        try:
+            return await client.send(request, stream=stream)
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            pass  # a pooled connection the server closed as it was reused: once more, fresh
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, "while sending the request") from exc
+        try:
+            return await client.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, "while sending the request") from exc
+
+    async def complete(self, body: dict[str, Any]) -> bytes:
+        response = await self._send(self._request(body), stream=False)
+        if response.status_code >= 400:
+            raise error_for_status(
+                response.status_code, response.content, url=self._target, model=self._model
+            )
+        return response.content
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        response = await self._send(self._request(body), stream=True)
+        try:
+            if response.status_code >= 400:
+                raw = await response.aread()
+                raise error_for_status(
+                    response.status_code, raw, url=self._target, model=self._model
+                )
+            if "json" in response.headers.get("content-type", ""):
+                raw = await response.aread()
+                raise UpstreamRequestError(
+                    f"model upstream {self._target} answered a stream request with JSON, not "
+                    f"server-sent events: {provider_message(raw)}",
+                    url=self._target,
+                    status_code=502,
+                    body=raw,
+                )
+            chunks = response.aiter_bytes()
+            async for payload in sse_payloads(chunks, self._target):
+                yield payload
+            await _drain(chunks)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, "mid-stream") from exc
+        finally:
+            await response.aclose()
+
+    async def preflight(self) -> Preflight:
+        return await run_preflight(self)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    # The connection goes back to the pool only once the body is read to its end; what
+    # follows [DONE] is normally just the chunked terminator. A server that holds the stream
+    # open past [DONE] costs its connection, not the agent's time.
+    try:
+        async with asyncio.timeout(_DRAIN_TIMEOUT_SEC):
+            async for _ in chunks:
+                pass
+    except TimeoutError:
+        pass
+
+
+async def sse_payloads(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[bytes]:
+    """The ``data:`` payloads of a server-sent event stream, up to and including ``[DONE]``.
+
+    An ``event: error`` raises :class:`UpstreamRequestError` with its payload.
+    """
+    buffer = b""
+    data: list[bytes] = []
+    event = b""
+    async for chunk in chunks:
+        buffer += chunk
+        if b"\n" not in chunk:
+            continue
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]  # noqa: PLW2901
+            if line:
+                if line.startswith(b"data:"):
+                    data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+                elif line.startswith(b"event:"):
+                    event = line[6:].strip()
+                continue
+            if data:
+                payload = b"\n".join(data)
+                data = []
+                if event == b"error":
+                    said = provider_message(payload)
+                    raise UpstreamRequestError(
+                        f"model upstream {url} sent an error event mid-stream: {said}",
+                        url=url,
+                        body=payload,
+                        provider_message=said,
+                    )
+                yield payload
+                if payload == b"[DONE]":
+                    return
+            event = b""
+    if buffer.startswith(b"data:"):
+        data.append(buffer[5:].strip())
+    if data:
+        yield b"\n".join(data)
+
+
+async def run_preflight(upstream: Upstream) -> Preflight:
+    """Send ``hi`` with a small ``max_tokens``; raise on auth, not-found, request or
+    connection errors; pass on 429 with a warning. Retries once with
+    ``max_completion_tokens`` when a reasoning model rejects ``max_tokens``."""
+    started = time.perf_counter()
+    body: dict[str, Any] = {"messages": _PREFLIGHT_MESSAGES, "max_tokens": _PREFLIGHT_MAX_TOKENS}
+    try:
+        try:
+            raw = await upstream.complete(dict(body))
+        except UpstreamError as exc:
+            said = (exc.provider_message or "").lower()
+            if exc.status_code != 400 or "max_tokens" not in said:
+                raise
+            body["max_completion_tokens"] = body.pop("max_tokens")
+            raw = await upstream.complete(dict(body))
+    except UpstreamError as exc:
+        if exc.status_code != 429:
+            raise
+        return Preflight(
+            upstream.model,
+            upstream.target,
+            (time.perf_counter() - started) * 1000.0,
+            rate_limited=True,
+            warning=f"model upstream is rate limiting (HTTP 429): {exc.provider_message}",
+        )
+    try:
+        parsed: object = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("choices"), list):
+        raise UpstreamRequestError(
+            f"model upstream {upstream.target} answered 200 with a body that is not a chat "
+            f"completion: {raw[:200]!r}; check the base URL (it usually ends in /v1)",
+            url=upstream.target,
+            body=raw,
+        )
+    return Preflight(upstream.model, upstream.target, (time.perf_counter() - started) * 1000.0)
+
+
+def upstream_from_model_path(
+    model_path: str,
+    env: Mapping[str, str],
+    *,
+    extra_body: Mapping[str, Any] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_SEC,
+) -> Upstream:
+    """The upstream for a config ``model_path``.
+
+    * ``openai/<model>``: :class:`OpenAICompatibleUpstream` at ``OPENAI_BASE_URL`` (or
+      ``OPENAI_API_BASE``, else the OpenAI API) with ``OPENAI_API_KEY``; this reaches any
+      OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp) without extras.
+    * ``local:<dir>``: a checkpoint served in-process (not available yet).
+    * any other ``provider/model``: LiteLLM, when installed (the ``litellm`` extra).
+    """
+    if model_path.startswith("local:"):
+        return _local_policy(model_path.removeprefix("local:"))
+    provider, _, model = model_path.partition("/")
+    if not provider or not model:
+        raise ConfigError(
+            f"model_path {model_path!r} is not 'provider/model': use e.g. 'openai/gpt-4o-mini', "
+            "or 'openai/<served name>' with OPENAI_BASE_URL for an OpenAI-compatible server"
+        )
+    if provider == "openai":
+        base_url = env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_BASE")
+        api_key = env.get("OPENAI_API_KEY") or None
+        if not base_url and not api_key:
+            raise ConfigError(
+                f"model_path {model_path!r} targets the OpenAI API but OPENAI_API_KEY is not "
+                "set: set it, or set OPENAI_BASE_URL to an OpenAI-compatible server"
+            )
+        return OpenAICompatibleUpstream(
+            base_url or OPENAI_DEFAULT_BASE_URL,
+            api_key,
+            model,
+            extra_body=extra_body,
+            timeout=timeout,
+        )
+    from osmosis_ai.controller.litellm_upstream import LiteLLMUpstream
+
+    return LiteLLMUpstream(model_path, extra_body=extra_body, timeout=timeout)
+
+
+def _local_policy(directory: str) -> Upstream:
+    # The hook for a checkpoint served in-process (the `train` extra); see architecture.md.
+    raise UsageError(
+        f"model_path 'local:{directory}' is not available yet: serve the checkpoint with an "
+        "OpenAI-compatible server (vLLM, SGLang) and use 'openai/<served name>' with "
+        "OPENAI_BASE_URL"
+    )
+
+
+def import_litellm(model_path: str) -> Any:
+    """The ``litellm`` module, or a :class:`MissingExtraError` that names the extra and the
+    way to reach an OpenAI-compatible server without it."""
+    try:
+        return importlib.import_module("litellm")
+    except ModuleNotFoundError as exc:
+        feature = (
+            f"model_path {model_path!r} (OpenAI-compatible servers such as vLLM, SGLang or "
+            "Ollama need no extra: use 'openai/<model>' with OPENAI_BASE_URL)"
+        )
+        raise MissingExtraError("litellm", feature, exc.name) from exc
