@@ -23,7 +23,7 @@ from osmosis_ai.controller import (
     upstream_from_model_path,
 )
 from osmosis_ai.controller.upstream import OPENAI_DEFAULT_BASE_URL, sse_payloads
-from osmosis_ai.errors import ConfigError, MissingExtraError, OsmosisError, UsageError
+from osmosis_ai.errors import ConfigError, MissingExtraError, OsmosisError
 from osmosis_ai.testing.model_server import ChatRequest, ScriptedModelServer, ScriptedTurn
 from osmosis_ai.testing.serving import free_port, serve_in_task
 
@@ -401,9 +401,11 @@ def test_model_path_without_provider_is_a_config_error(path: str):
         upstream_from_model_path(path, {"OPENAI_API_KEY": "sk"})
 
 
-def test_local_policy_is_not_available_yet():
-    with pytest.raises(UsageError, match="not available yet"):
-        upstream_from_model_path("local:/checkpoints/step-10", {})
+def test_local_model_path_names_the_missing_checkpoint(tmp_path):
+    pytest.importorskip("torch", reason="torch not installed (extra train)")
+    missing = tmp_path / "checkpoints" / "step-10"
+    with pytest.raises(ConfigError, match="step-10"):
+        upstream_from_model_path(f"local:{missing}", {})
 
 
 @pytest.mark.skipif(HAS_LITELLM, reason="litellm is installed: the missing-extra path cannot run")

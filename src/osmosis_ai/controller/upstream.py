@@ -24,7 +24,7 @@ from osmosis_ai.controller.errors import (
     error_for_status,
     provider_message,
 )
-from osmosis_ai.errors import ConfigError, MissingExtraError, UsageError
+from osmosis_ai.errors import ConfigError, MissingExtraError
 from osmosis_ai.rollout.http import async_client
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -308,11 +308,12 @@ def upstream_from_model_path(
     * ``openai/<model>``: :class:`OpenAICompatibleUpstream` at ``OPENAI_BASE_URL`` (or
       ``OPENAI_API_BASE``, else the OpenAI API) with ``OPENAI_API_KEY``; this reaches any
       OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp) without extras.
-    * ``local:<dir>``: a checkpoint served in-process (not available yet).
+    * ``local:<dir>``: a Hugging Face checkpoint served in-process (``LocalPolicyUpstream``,
+      the ``train`` extra; ``OSMOSIS_POLICY_DEVICE`` picks the device, default cpu).
     * any other ``provider/model``: LiteLLM, when installed (the ``litellm`` extra).
     """
     if model_path.startswith("local:"):
-        return _local_policy(model_path.removeprefix("local:"))
+        return _local_policy(model_path.removeprefix("local:"), env)
     provider, _, model = model_path.partition("/")
     if not provider or not model:
         raise ConfigError(
@@ -339,13 +340,11 @@ def upstream_from_model_path(
     return LiteLLMUpstream(model_path, extra_body=extra_body, timeout=timeout)
 
 
-def _local_policy(directory: str) -> Upstream:
-    # The hook for a checkpoint served in-process (the `train` extra); see architecture.md.
-    raise UsageError(
-        f"model_path 'local:{directory}' is not available yet: serve the checkpoint with an "
-        "OpenAI-compatible server (vLLM, SGLang) and use 'openai/<served name>' with "
-        "OPENAI_BASE_URL"
-    )
+def _local_policy(directory: str, env: Mapping[str, str]) -> Upstream:
+    # A Hugging Face checkpoint served in-process; torch loads only here (the train extra).
+    from osmosis_ai.controller.policy.upstream import open_local_upstream
+
+    return open_local_upstream(directory, device=env.get("OSMOSIS_POLICY_DEVICE", "cpu"))
 
 
 def import_litellm(model_path: str) -> Any:

@@ -1,0 +1,82 @@
+"""The local policy as an :class:`~osmosis_ai.controller.upstream.Upstream`, so the policy
+proxy serves a checkpoint in-process: generation runs in a worker thread, and the answer is
+the JSON (or SSE payloads) an OpenAI-compatible server would send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from osmosis_ai.controller.asgi import error_body
+from osmosis_ai.controller.errors import UpstreamRequestError
+from osmosis_ai.controller.upstream import Preflight, run_preflight
+from osmosis_ai.errors import UsageError
+
+if TYPE_CHECKING:
+    from osmosis_ai.controller.policy.engine import LocalPolicy
+
+_T = TypeVar("_T")
+
+
+class LocalPolicyUpstream:
+    """Serves ``policy`` to the proxy. ``model`` is the name in answers and records
+    (default ``local:<model dir>``); bad requests raise :class:`UpstreamRequestError` 400."""
+
+    def __init__(self, policy: LocalPolicy, *, model: str | None = None) -> None:
+        self.policy = policy
+        self._model = model or f"local:{policy.name}"
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def target(self) -> str:
+        return f"local:{self.policy.name}"
+
+    async def _call(self, method: Callable[[dict[str, Any]], _T], body: dict[str, Any]) -> _T:
+        body["model"] = self._model
+        try:
+            return await asyncio.to_thread(method, body)
+        except UsageError as exc:  # PolicyRequestError and bad weights: the caller's fault
+            raise self._error(400, str(exc), "invalid_request_error") from exc
+        except RuntimeError as exc:  # torch reports failures (out of memory, device) so
+            raise self._error(500, f"{type(exc).__name__}: {exc}", "server_error") from exc
+
+    def _error(self, status: int, message: str, kind: str) -> UpstreamRequestError:
+        return UpstreamRequestError(
+            f"local policy {self.policy.name} failed the request: {message}",
+            url=self.target,
+            status_code=status,
+            body=error_body(message, kind, None),
+            provider_message=message,
+        )
+
+    async def complete(self, body: dict[str, Any]) -> bytes:
+        answer = await self._call(self.policy.chat, body)
+        return json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        for chunk in await self._call(self.policy.chat_chunks, body):
+            yield json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
+        yield b"[DONE]"
+
+    async def preflight(self) -> Preflight:
+        return await run_preflight(self)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def open_local_upstream(
+    model_dir: str | Path, *, device: str = "cpu", max_model_len: int | None = None
+) -> LocalPolicyUpstream:
+    """Load ``model_dir`` and serve it: what ``model_path = "local:<dir>"`` resolves to.
+    Raises :class:`~osmosis_ai.errors.MissingExtraError` without the ``train`` extra."""
+    from osmosis_ai.controller.policy.engine import LocalPolicy
+
+    return LocalPolicyUpstream(LocalPolicy(model_dir, device=device, max_model_len=max_model_len))
