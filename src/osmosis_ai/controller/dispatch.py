@@ -1,9 +1,8 @@
 """``Dispatcher``: run one work item on a rollout server, in either protocol generation.
 
 Each attempt gets a fresh rollout id registered with the proxy (and, for callbacks, the
-listener); admission retries ``429``; the result is awaited under a per-item deadline, and a
-deadline or a cancelled task cancels the remote rollout. The caller's ``commit`` runs before
-the terminal callback is acknowledged (callbacks) or right after the terminal poll (polling).
+listener); ``429`` is retried; a deadline or a cancelled task cancels the remote rollout.
+The attempt's data types live in :mod:`osmosis_ai.controller.attempt`, re-exported here.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
@@ -21,7 +20,14 @@ from typing import Any, Literal
 import httpx
 from pydantic import ValidationError
 
-from osmosis_ai.controller.calls import CallRecord
+from osmosis_ai.controller.attempt import (
+    DEADLINE_GRACE_SEC,
+    UNBOUNDED_DEADLINE_SEC,
+    CommitHook,
+    DispatchOutcome,
+    DispatchRequest,
+    OutcomeKind,
+)
 from osmosis_ai.controller.listener import CallbackResult
 from osmosis_ai.controller.service import ControllerService
 from osmosis_ai.errors import RolloutProtocolError, UsageError
@@ -36,100 +42,24 @@ from osmosis_ai.rollout.client import (
 from osmosis_ai.rollout.protocol import (
     CancelDisposition,
     Generation,
-    GraderCompleteRequest,
     RolloutCompleteRequest,
     RolloutInitResponse,
-    RolloutResultResponse,
 )
-from osmosis_ai.rollout.sample import RolloutSample
-from osmosis_ai.rollout.status import GraderStatus, RolloutStatus
+from osmosis_ai.rollout.status import RolloutStatus
 
-__all__ = ["CommitHook", "DispatchOutcome", "DispatchRequest", "Dispatcher", "OutcomeKind"]
+__all__ = [  # the attempt types are re-exported: callers import them from here
+    "DEADLINE_GRACE_SEC",
+    "UNBOUNDED_DEADLINE_SEC",
+    "CommitHook",
+    "DispatchOutcome",
+    "DispatchRequest",
+    "Dispatcher",
+    "OutcomeKind",
+]
 
-OutcomeKind = Literal["result", "admission_rejected", "timeout", "cancelled", "transport_error"]
 DEFAULT_ADMISSION_WAIT_SEC = 3600.0
-DEADLINE_GRACE_SEC = 60.0
-UNBOUNDED_DEADLINE_SEC = 3600.0
 HTTP_TIMEOUT_SEC = 30.0
 _COMMIT_SETTLE_SEC = 60.0
-
-
-@dataclass(frozen=True)
-class DispatchRequest:
-    """One work item. ``rollout_id`` ``None`` mints a fresh uuid4 hex per attempt;
-    ``deadline_sec`` ``None`` derives the deadline from the timeouts (:attr:`deadline`)."""
-
-    initial_messages: Sequence[Mapping[str, Any]]
-    label: str | None = None
-    metadata: Mapping[str, Any] | None = None
-    agent_timeout_sec: float | None = None
-    grader_timeout_sec: float | None = None
-    extra_fields: Mapping[str, Any] | None = None
-    grade: bool = True
-    rollout_id: str | None = None
-    deadline_sec: float | None = None
-
-    @property
-    def deadline(self) -> float:
-        """Seconds to wait after admission: agent + grader + 60, or 3600 when one is unset."""
-        if self.deadline_sec is not None:
-            return self.deadline_sec
-        grader = self.grader_timeout_sec if self.grade else 0.0
-        if self.agent_timeout_sec is None or grader is None:
-            return UNBOUNDED_DEADLINE_SEC
-        return max(self.agent_timeout_sec, 0.0) + max(grader, 0.0) + DEADLINE_GRACE_SEC
-
-
-@dataclass(frozen=True)
-class DispatchOutcome:
-    """How one attempt ended.
-
-    ``kind``: ``result`` (a terminal body came back), ``cancelled`` (the terminal status is
-    ``cancelled``), ``admission_rejected`` (``POST /rollout`` answered a 4xx: see
-    ``status_code``/``detail``), ``timeout`` (admission budget or item deadline spent; the
-    rollout was cancelled, see ``cancel_disposition``) or ``transport_error`` (the server
-    was unreachable, answered 5xx, or broke the protocol). ``result`` is the polling body;
-    ``completion``/``grader`` the callback bodies. ``calls`` are the proxy's records.
-    """
-
-    rollout_id: str
-    generation: Generation | None
-    kind: OutcomeKind
-    admitted: bool
-    result: RolloutResultResponse | None = None
-    completion: RolloutCompleteRequest | None = None
-    grader: GraderCompleteRequest | None = None
-    status_code: int | None = None
-    detail: str | None = None
-    cancel_disposition: CancelDisposition | None = None
-    calls: tuple[CallRecord, ...] = ()
-    total_tokens: int = 0
-    duration_ms: float = 0.0
-
-    @property
-    def status(self) -> RolloutStatus | None:
-        """The terminal status, whichever generation ran (``None`` without a terminal body)."""
-        if self.result is not None:
-            return self.result.status
-        done = self.completion
-        if done is not None and done.status != RolloutStatus.SUCCESS:
-            return done.status
-        if self.grader is not None:
-            ok = self.grader.status == GraderStatus.SUCCESS
-            return RolloutStatus.SUCCESS if ok else RolloutStatus.FAILURE
-        return None if done is None else done.status
-
-    @property
-    def sample(self) -> RolloutSample | None:
-        """The returned sample (polling result, or grader callback)."""
-        if self.result is not None:
-            return self.result.sample
-        return None if self.grader is None else self.grader.sample
-
-
-CommitHook = Callable[[DispatchOutcome], Awaitable[None]]
-"""Records a terminal outcome durably; called once per attempt that got a terminal body
-(a failing call is retried only by a retried callback)."""
 
 
 @dataclass

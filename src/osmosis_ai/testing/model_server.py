@@ -1,7 +1,7 @@
 """A scripted OpenAI-compatible chat-completions server: a real HTTP fake for tests and benches.
 
-Owns :class:`ScriptedModelServer` (a raw ASGI app, served on 127.0.0.1 by
-:mod:`osmosis_ai.testing.serving`), the scripting types, request recording and a small CLI.
+Owns :class:`ScriptedModelServer` (a raw ASGI app), the scripting types, routing, auth,
+request recording and a CLI; :mod:`osmosis_ai.testing.scripted_reply` renders each reply.
 The request path is kept lean on purpose: a benchmark drives it at high concurrency.
 """
 
@@ -12,17 +12,15 @@ import asyncio
 import contextlib
 import inspect
 import json
-import re
-import secrets
 import signal
 import threading
-import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, Literal
 
 from osmosis_ai.errors import UsageError
+from osmosis_ai.testing.scripted_reply import ScriptedReply, content_text, dump_json
 from osmosis_ai.testing.serving import ServerThread, serve_in_task
 
 Scope = MutableMapping[str, Any]
@@ -34,8 +32,6 @@ OnExhausted = Literal["repeat_last", "error"]
 
 _CHAT_SUFFIX = "/chat/completions"
 _MODELS_SUFFIX = "/models"
-_WORD = re.compile(r"\s*\S+|\s+")
-_MAX_CONTENT_PIECES = 32
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -127,7 +123,7 @@ def default_key(request: ChatRequest) -> str:
         return request.path_prefix[at + len(marker) :].split("/", 1)[0]
     for message in request.messages:
         if message.get("role") == "user":
-            return _text(message.get("content"))
+            return content_text(message.get("content"))
     return ""
 
 
@@ -178,7 +174,7 @@ class ScriptedModelServer:
         self._latency_s = latency_ms / 1000.0
         self._auth = f"Bearer {api_key}".encode("latin-1") if api_key is not None else None
         self._record = record_requests
-        self._models = _dumps(
+        self._models = dump_json(
             {
                 "object": "list",
                 "data": [
@@ -300,12 +296,12 @@ class ScriptedModelServer:
             message = reply.error or f"scripted error (HTTP {reply.status_code})"
             await _send_json(send, reply.status_code, _error_body(reply.status_code, message))
             return
-        completion = _Completion(body, messages, reply)
+        completion = ScriptedReply(body, messages, reply, _choice_count(body))
         if body.get("stream"):
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             await send({"type": "http.response.body", "body": completion.sse()})
         else:
-            await _send_json(send, reply.status_code, _dumps(completion.full()))
+            await _send_json(send, reply.status_code, dump_json(completion.full()))
 
     async def _reply(self, request: ChatRequest) -> ScriptedTurn:
         if self._responder is not None:
@@ -349,133 +345,6 @@ class ScriptedModelServer:
         )
 
 
-class _Completion:
-    """Renders one scripted reply as a ``chat.completion`` body or as SSE chunks."""
-
-    def __init__(self, body: dict[str, Any], messages: list[dict[str, Any]], turn: ScriptedTurn):
-        n = body.get("n")
-        n = 1 if n is None else n
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
-            raise _HTTPError(400, f"'n' must be an integer from 1 to 128, got {n!r}")
-        self.n = n
-        self.turn = turn
-        self.id = f"chatcmpl-{secrets.token_hex(12)}"
-        self.created = int(time.time())
-        self.model = body.get("model") or "scripted"
-        self.logprobs = bool(body.get("logprobs"))
-        self.token_ids = bool(body.get("return_token_ids"))
-        options = body.get("stream_options")
-        self.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        self.finish_reason = turn.finish_reason or ("tool_calls" if turn.tool_calls else "stop")
-        self.calls = [
-            (
-                call.id or f"call_{secrets.token_hex(12)}",
-                call.name,
-                call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments),
-            )
-            for call in turn.tool_calls or ()
-        ]
-        # Fake tokenisation: one token per UTF-8 byte of a plain rendering of the text.
-        self.prompt = _render_prompt(messages).encode()
-        self.call_texts = [
-            json.dumps({"name": name, "arguments": args}).encode() for _, name, args in self.calls
-        ]
-        content = (turn.content or "").encode()
-        completion_tokens = len(content) + sum(len(t) for t in self.call_texts)
-        self.usage = turn.usage or {
-            "prompt_tokens": len(self.prompt),
-            "completion_tokens": n * completion_tokens,
-            "total_tokens": len(self.prompt) + n * completion_tokens,
-        }
-
-    def _tokens(self, choice: dict[str, Any], data: bytes, offset: int) -> None:
-        if self.logprobs:
-            choice["logprobs"] = {"content": [_logprob(b, offset + i) for i, b in enumerate(data)]}
-        if self.token_ids:
-            choice["token_ids"] = list(data)
-
-    def full(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": self.turn.content}
-        if self.calls:
-            message["tool_calls"] = [
-                {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
-                for id_, name, args in self.calls
-            ]
-        data = (self.turn.content or "").encode() + b"".join(self.call_texts)
-        choices: list[dict[str, Any]] = []
-        for index in range(self.n):
-            choice: dict[str, Any] = {
-                "index": index,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": self.finish_reason,
-            }
-            self._tokens(choice, data, 0)
-            if self.token_ids:
-                choice["prompt_token_ids"] = list(self.prompt)
-            choices.append(choice)
-        body: dict[str, Any] = {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage,
-        }
-        if self.token_ids:  # vLLM puts the prompt ids at the top level too
-            body["prompt_token_ids"] = list(self.prompt)
-        return body
-
-    def sse(self) -> bytes:
-        head = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-        }
-        chunks = [{**head, "choices": [c]} for i in range(self.n) for c in self._choice_chunks(i)]
-        if self.token_ids:  # top level as vLLM does, and per choice as in the full body
-            chunks[0]["prompt_token_ids"] = list(self.prompt)
-        if self.include_usage:
-            chunks.append({**head, "choices": [], "usage": self.usage})
-        return b"".join(b"data: " + _dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-
-    def _choice_chunks(self, index: int) -> list[dict[str, Any]]:
-        def chunk(delta: dict[str, Any], data: bytes = b"") -> dict[str, Any]:
-            nonlocal offset
-            choice: dict[str, Any] = {
-                "index": index,
-                "delta": delta,
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            if data:
-                self._tokens(choice, data, offset)
-                offset += len(data)
-            return choice
-
-        offset = 0
-        first = chunk({"role": "assistant", "content": None if self.turn.content is None else ""})
-        if self.token_ids:
-            first["prompt_token_ids"] = list(self.prompt)
-        chunks = [first]
-        for piece in _pieces(self.turn.content or ""):
-            chunks.append(chunk({"content": piece}, piece.encode()))
-        for position, ((id_, name, args), text) in enumerate(
-            zip(self.calls, self.call_texts, strict=True)
-        ):
-            head = {"name": name, "arguments": ""}
-            call = {"index": position, "id": id_, "type": "function", "function": head}
-            chunks.append(chunk({"tool_calls": [call]}, text))
-            step = max(1, -(-len(args) // 3))
-            for start in range(0, len(args), step):
-                fragment = {"arguments": args[start : start + step]}
-                chunks.append(chunk({"tool_calls": [{"index": position, "function": fragment}]}))
-        chunks.append(chunk({}))
-        chunks[-1]["finish_reason"] = self.finish_reason
-        return chunks
-
-
 # -- helpers of the request path -------------------------------------------------------------
 
 
@@ -495,43 +364,11 @@ def _as_turn(result: object) -> ScriptedTurn:
     return result
 
 
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
-
-
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
     for message in reversed(messages):
         if message.get("role") == "user":
-            return _text(message.get("content"))
+            return content_text(message.get("content"))
     return ""
-
-
-def _render_prompt(messages: list[dict[str, Any]]) -> str:
-    parts: list[str] = []
-    for message in messages:
-        parts.append(f"<|{message.get('role')}|>\n{_text(message.get('content'))}\n")
-        if message.get("tool_calls"):
-            parts.append(json.dumps(message["tool_calls"]) + "\n")
-    parts.append("<|assistant|>\n")
-    return "".join(parts)
-
-
-def _pieces(text: str) -> list[str]:
-    words = _WORD.findall(text)
-    if len(words) <= _MAX_CONTENT_PIECES:
-        return words
-    step = -(-len(words) // _MAX_CONTENT_PIECES)
-    return ["".join(words[i : i + step]) for i in range(0, len(words), step)]
-
-
-def _logprob(byte: int, position: int) -> dict[str, Any]:
-    token = chr(byte) if byte < 0x80 else f"bytes:\\x{byte:02x}"
-    value = -(((byte * 31 + position * 17) % 97) + 1) / 100.0
-    return {"token": token, "logprob": value, "bytes": [byte], "top_logprobs": []}
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
@@ -547,6 +384,14 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _choice_count(body: dict[str, Any]) -> int:
+    n = body.get("n")
+    n = 1 if n is None else n
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
+        raise _HTTPError(400, f"'n' must be an integer from 1 to 128, got {n!r}")
+    return n
+
+
 def _allow(method: str, allowed: str) -> None:
     if method != allowed:
         raise _HTTPError(405, f"method {method} not allowed here; use {allowed}")
@@ -554,11 +399,7 @@ def _allow(method: str, allowed: str) -> None:
 
 def _error_body(status: int, message: str, code: str | None = None) -> bytes:
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return _dumps({"error": {"message": message, "type": kind, "code": code}})
-
-
-def _dumps(payload: object) -> bytes:
-    return json.dumps(payload, separators=(",", ":")).encode()
+    return dump_json({"error": {"message": message, "type": kind, "code": code}})
 
 
 async def _read_body(receive: Receive) -> bytes:
