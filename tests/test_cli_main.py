@@ -59,7 +59,10 @@ def test_group_help_marks_what_is_not_available(capsys):
     out = invoke(capsys, "dataset").out
     assert "validate  Validate a dataset file" in out
     assert "list      List datasets. [needs a platform]" in out
-    assert "[not available yet]" in invoke(capsys, "eval").out
+    assert (
+        "submit    Submit a managed evaluation run. [needs a platform]"
+        in invoke(capsys, "eval").out
+    )
 
 
 def test_command_help_is_argparse(capsys):
@@ -239,15 +242,15 @@ def test_platform_commands_need_a_platform(capsys):
 
 
 def test_pending_commands_say_not_available_yet(capsys):
-    result = invoke(capsys, "eval", "run", "configs/eval/x.toml", "--rows", "0-3")
+    result = invoke(capsys, "upgrade", "--pre")
     assert result.code == 1
     assert (
         result.err
-        == "Error: 'osmosis eval run' is not available yet in this version of osmosis-ai.\n"
+        == "Error: 'osmosis upgrade' is not available yet in this version of osmosis-ai.\n"
     )
-    error = invoke(capsys, "template", "list", "--json").error()
+    error = invoke(capsys, "upgrade", "--json").error()
     assert error["error"]["code"] == "VALIDATION"
-    assert error["error"]["details"] == {"command": "template list", "available": False}
+    assert error["error"]["details"] == {"command": "upgrade", "available": False}
 
 
 def test_every_documented_group_has_its_commands():

@@ -76,7 +76,7 @@ COMMANDS: tuple[Command, ...] = (
     # Workflow commands that run locally.
     _cmd("doctor", "Check the workspace scaffold; --fix creates what is missing.", "doctor"),
     _cmd("dataset validate", "Validate a dataset file (jsonl, csv, parquet).", "dataset_validate"),
-    _cmd("eval run", "Run an evaluation locally.", PENDING),
+    _cmd("eval run", "Run an evaluation locally.", "eval_run"),
     _cmd("eval rubric", "Score conversations with an LLM judge.", "eval_rubric"),
     _cmd("train run", "Train locally.", PENDING),
     _cmd("rollout init", "Scaffold a new rollout and its configs.", PENDING),

@@ -302,8 +302,8 @@ def project_artifacts(source: Path, target: Path) -> int:
     ``source`` copies nothing). The copy is built beside ``target`` and swapped in; with no
     file to copy, ``target`` is removed. Returns the number of files copied.
     """
-    if not _is_real_dir(source) and not os.path.lexists(target):
-        return 0
+    if not os.path.lexists(target) and (not _is_real_dir(source) or _is_empty_dir(source)):
+        return 0  # nothing to copy and nothing to replace (servers make empty folders)
     ensure_dir(target.parent)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
@@ -346,6 +346,14 @@ def _copy_tree(source: Path, target: Path) -> int:
             copied += 1
     fsync_dir(target)
     return copied
+
+
+def _is_empty_dir(path: Path) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def _is_real_dir(path: Path) -> bool:
