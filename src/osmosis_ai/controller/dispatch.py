@@ -39,6 +39,7 @@ from osmosis_ai.rollout.client import (
     RolloutClient,
     RolloutHandle,
 )
+from osmosis_ai.rollout.http import async_client
 from osmosis_ai.rollout.protocol import (
     CancelDisposition,
     Generation,
@@ -102,9 +103,9 @@ class Dispatcher:
         self._auto = generation == "auto"
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_http = http_client is None
-        # Unbounded pool: each in-flight rollout holds a long-poll connection.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self._http = http_client or httpx.AsyncClient(timeout=HTTP_TIMEOUT_SEC, limits=limits)
+        # A large pool (each in-flight rollout holds a long-poll connection) on the fast
+        # transport: httpx's own pool costs O(connections^2) per request.
+        self._http = http_client or async_client(max_connections=4096, timeout=HTTP_TIMEOUT_SEC)
         self.client = RolloutClient(self.server_url, api_key=api_key, http_client=self._http)
         self._detecting = asyncio.Lock()
 

@@ -119,6 +119,12 @@ class RolloutServerProcess:
     _reader: threading.Thread | None = None
     _tail: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # The child runs with cwd=rollout_dir, so relative paths would resolve twice.
+        self.rollout_dir = Path(self.rollout_dir).resolve()
+        self.entrypoint = Path(self.entrypoint).resolve()
+        self.artifact_root = Path(self.artifact_root).resolve()
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -220,7 +226,8 @@ class RolloutServerProcess:
     def _wait_healthy(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + self.health_timeout_sec
-        with httpx.Client(timeout=2.0) as client:
+        # Loopback only: no TLS, so skip loading the CA bundle on the start-up path.
+        with httpx.Client(timeout=2.0, verify=False) as client:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
                     self._died()
