@@ -3,12 +3,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 SRC := src tests bench examples
 
-.PHONY: setup demo test test-all format format-check lint typecheck check clean
+.PHONY: setup demo demo-protocol test test-all format format-check lint typecheck check clean
 
 setup:
 	@scripts/setup.sh
 
 demo: setup
+	$(BIN)/osmosis train run --demo
+
+demo-protocol: setup
 	$(BIN)/python examples/quickstart/demo.py
 
 test: setup

@@ -1,6 +1,7 @@
 """Starter text of the agent guidance files ``osmosis doctor --fix`` writes into a workspace.
 
-Short on purpose: they point coding agents at the layout and the commands that check work.
+Short on purpose: they point coding agents at the layout, the workspace skills (bundled under
+``osmosis_ai/templates/skills/``) and the commands that check work.
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ This repository trains and evaluates LLM agents with osmosis-ai.
 `AgentWorkflow` and a `Grader`, passes it to `create_rollout_server(backend=...)` and serves
 it with `run_rollout_server(app)` (port `$_OSMOSIS_ROLLOUT_PORT`, default 8000). The agent
 sends every model call to its rollout-scoped `chat_completions_url`, never to a provider.
+
+## Skills
+
+Step-by-step guides for the common tasks live in `.agents/skills/<skill>/SKILL.md` (the same
+files are in `.claude/skills/`): `plan-dataset`, `create-rollout`, `run-evaluation`,
+`debug-rollout`, `prepare-training`. Read the one that matches the task before starting.
+`osmosis doctor --fix` and `osmosis template apply` add missing skills;
+`osmosis template list` shows working example rollouts.
 
 ## Checking work
 

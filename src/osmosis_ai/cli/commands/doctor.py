@@ -24,9 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
     from osmosis_ai.workspace import check_scaffold, fix_scaffold
+    from osmosis_ai.workspace.templates import install_skills
 
     root = _root(args.path)
-    created = [path.relative_to(root).as_posix() for path in fix_scaffold(root)] if args.fix else []
+    created: list[str] = []
+    if args.fix:  # the scaffold, then the agent skills; nothing existing is overwritten
+        created = [path.relative_to(root).as_posix() for path in fix_scaffold(root)]
+        created += [path.relative_to(root).as_posix() for path in install_skills(root)]
     report = check_scaffold(root)
     if not report.ok:
         missing = ", ".join(report.missing)

@@ -1,0 +1,249 @@
+"""TRL's ``rollout_func``: each prompt of a step becomes a rollout through the protocol,
+each rollout a training row with its reward (``None`` when it has none: excluded).
+
+Prompts carry their dataset row (``osmosis_row`` on their messages) for the label and
+metadata; rewards reach TRL as the extra field ``osmosis_reward``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from osmosis_ai.controller.dispatch import DispatchOutcome, DispatchRequest
+from osmosis_ai.rollout.status import RolloutStatus
+from osmosis_ai.train.bridge import RolloutBridge
+from osmosis_ai.train.errors import NoRewardError
+from osmosis_ai.train.events import EvalSummary
+from osmosis_ai.train.tokens import TrainingRow, build_row, excluded_row
+from osmosis_ai.workspace import DatasetRow
+
+ROW_KEY = "osmosis_row"
+REWARD_FIELD = "osmosis_reward"
+
+
+def prompt_for(index: int, row: DatasetRow) -> list[dict[str, Any]]:
+    """The dataset ``prompt`` of row ``index``: its messages, each tagged with the index."""
+    messages = row.initial_messages or [{"role": "user", "content": ""}]
+    return [{**message, ROW_KEY: index} for message in messages]
+
+
+def row_index(prompt: Any) -> int:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        value = prompt[0].get(ROW_KEY)
+        if isinstance(value, int):
+            return value
+    raise ValueError(f"a training prompt without its {ROW_KEY!r} tag: {str(prompt)[:200]}")
+
+
+def reward_from_rollouts(
+    prompts: list[Any], completions: list[Any], **kwargs: Any
+) -> list[float | None]:
+    """The reward function TRL calls: the rewards the graders set, ``None`` when none."""
+    del completions
+    rewards = kwargs.get(REWARD_FIELD)
+    if not isinstance(rewards, list) or len(rewards) != len(prompts):
+        raise ValueError(f"expected {len(prompts)} rollout rewards in {REWARD_FIELD!r}")
+    return list(rewards)
+
+
+def outcome_reward(outcome: DispatchOutcome) -> tuple[float | None, str | None]:
+    """The rollout's reward, or ``None`` and why there is none."""
+    if outcome.kind != "result":
+        return None, f"{outcome.kind}: {outcome.detail or 'no terminal result'}"
+    sample = outcome.sample
+    if outcome.status != RolloutStatus.SUCCESS or sample is None:
+        return None, _failure_message(outcome)
+    if sample.remove_sample:
+        return None, "the grader removed the sample (remove_sample)"
+    if sample.reward is None or not math.isfinite(sample.reward):
+        return None, "the grader set no reward: call ctx.set_reward(x) in Grader.grade"
+    return float(sample.reward), None
+
+
+def _failure_message(outcome: DispatchOutcome) -> str:
+    for body in (outcome.result, outcome.grader, outcome.completion):
+        message = getattr(body, "err_message", None)
+        if message:
+            return str(message)
+    status = outcome.status.value if outcome.status is not None else "no status"
+    return f"rollout ended with {status} and no sample"
+
+
+@dataclass
+class StepStats:
+    """Rollout-side numbers of one step, merged into its metrics record."""
+
+    rollouts: int = 0
+    scored: int = 0
+    failed: int = 0
+    groups: int = 0
+    groups_without_signal: int = 0
+    chain_breaks: int = 0
+    dropped_calls: int = 0
+    truncated: int = 0
+    model_tokens: int = 0
+    env_tokens: int = 0
+    total_tokens: int = 0
+    seconds: float = 0.0
+    policy_version: int = 0
+    policy_version_lag: int = 0
+    reasons: Counter[str] = field(default_factory=Counter[str])
+
+    def to_metrics(self) -> dict[str, Any]:
+        seconds = max(self.seconds, 1e-9)
+        return {
+            "rollouts": self.rollouts,
+            "failed_rollouts": self.failed,
+            "groups_without_signal": self.groups_without_signal,
+            "chain_breaks": self.chain_breaks,
+            "dropped_calls": self.dropped_calls,
+            "truncation_ratio": self.truncated / max(self.scored, 1),
+            "total_length": self.total_tokens / max(self.scored, 1),
+            "rollout_seconds": round(self.seconds, 4),
+            "rollouts_per_s": self.rollouts / seconds,
+            "tokens_per_s": (self.model_tokens + self.env_tokens) / seconds,
+            "policy_version": self.policy_version,
+            "policy_version_lag": self.policy_version_lag,
+        }
+
+
+class RolloutCollector:
+    """The ``rollout_func``: dispatches one rollout per prompt and builds their rows.
+
+    ``fallback_prompt(row)`` tokenizes a row's prompt for rollouts that made no model call
+    (their excluded row needs a prompt); ``stop_id`` is the token such a row completes with.
+    """
+
+    def __init__(
+        self,
+        bridge: RolloutBridge,
+        rows: Sequence[DatasetRow],
+        *,
+        fallback_prompt: Callable[[DatasetRow], list[int]],
+        stop_id: int,
+        agent_timeout_sec: float,
+        grader_timeout_sec: float,
+        max_response_length: int,
+        group_size: int,
+        strict: bool = False,
+        on_failure: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.bridge = bridge
+        self.rows = rows
+        self.fallback_prompt = fallback_prompt
+        self.stop_id = stop_id
+        self.agent_timeout_sec = agent_timeout_sec
+        self.grader_timeout_sec = grader_timeout_sec
+        self.max_response_length = max_response_length
+        self.group_size = group_size
+        self.strict = strict
+        self.on_failure = on_failure
+        self.last: StepStats | None = None
+        self._fallbacks: dict[int, list[int]] = {}
+
+    def request(self, index: int, sample: int, **extra: Any) -> DispatchRequest:
+        row = self.rows[index]
+        return DispatchRequest(
+            initial_messages=row.initial_messages,
+            label=row.label,
+            metadata=row.metadata,
+            agent_timeout_sec=self.agent_timeout_sec,
+            grader_timeout_sec=self.grader_timeout_sec,
+            extra_fields={"row_index": index, "sample_index": sample, **extra},
+        )
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        step = int(trainer.state.global_step) + 1
+        version = self.bridge.upstream.policy_version
+        indices = [row_index(prompt) for prompt in prompts]
+        seen: Counter[int] = Counter()
+        requests: list[DispatchRequest] = []
+        for index in indices:
+            requests.append(self.request(index, seen[index], step=step, policy_version=version))
+            seen[index] += 1
+        started = time.perf_counter()
+        outcomes = self.bridge.run(requests)
+        stats = StepStats(seconds=time.perf_counter() - started, policy_version=version)
+        stats.policy_version_lag = max(0, step - 1 - version)
+        pairs = zip(indices, outcomes, strict=True)
+        rows = [self._row(index, outcome, stats) for index, outcome in pairs]
+        _count_groups(stats, [row.reward for row in rows], self.group_size)
+        self.last = stats
+        if stats.scored == 0:
+            reason, _count = stats.reasons.most_common(1)[0] if stats.reasons else ("?", 0)
+            raise NoRewardError(
+                f"none of the {stats.rollouts} rollouts of step {step} got a reward; the most "
+                f"common failure: {reason}. Fix the rollout (try `osmosis eval run` on the "
+                "same rollout), then resume with --resume"
+            )
+        return {
+            "prompt_ids": [row.prompt_ids for row in rows],
+            "completion_ids": [row.completion_ids for row in rows],
+            "logprobs": [row.logprobs for row in rows],
+            "env_mask": [row.env_mask for row in rows],
+            REWARD_FIELD: [row.reward for row in rows],
+        }
+
+    def _row(self, index: int, outcome: DispatchOutcome, stats: StepStats) -> TrainingRow:
+        stats.rollouts += 1
+        reward, reason = outcome_reward(outcome)
+        row = None
+        if reward is not None:
+            row = build_row(
+                outcome.rollout_id,
+                outcome.calls,
+                reward,
+                max_response_length=self.max_response_length,
+                strict=self.strict,
+            )
+            if row is None:
+                reason = "the rollout made no model call that produced tokens"
+        if row is None:
+            stats.failed += 1
+            text = reason or "unknown"
+            stats.reasons[text] += 1
+            if self.on_failure is not None:
+                self.on_failure(outcome.rollout_id, text)
+            row = excluded_row(self._prompt_of(index, outcome), self.stop_id, text)
+        else:
+            stats.scored += 1
+            stats.chain_breaks += row.chain_breaks
+            stats.dropped_calls += row.dropped_calls
+            stats.truncated += int(row.truncated)
+            stats.model_tokens += row.model_tokens
+            stats.env_tokens += len(row.env_mask) - row.model_tokens
+            stats.total_tokens += len(row.prompt_ids) + len(row.completion_ids)
+        return row
+
+    def _prompt_of(self, index: int, outcome: DispatchOutcome) -> list[int]:
+        for call in outcome.calls:
+            if call.prompt_token_ids:
+                return list(call.prompt_token_ids)
+        cached = self._fallbacks.get(index)
+        if cached is None:
+            cached = self._fallbacks[index] = self.fallback_prompt(self.rows[index])
+        return cached
+
+    def evaluate(self, indices: Sequence[int], samples: int, step: int) -> EvalSummary:
+        """Sample every row of ``indices`` ``samples`` times with the current policy."""
+        requests = [
+            self.request(i, s, step=step, validation=True) for i in indices for s in range(samples)
+        ]
+        rewards = [outcome_reward(o)[0] for o in self.bridge.run(requests)]
+        scored = [r for r in rewards if r is not None]
+        mean = sum(scored) / len(scored) if scored else None
+        passed = sum(1 for r in scored if r >= 1.0) / len(scored) if scored else None
+        return EvalSummary(step, len(requests), len(scored), mean, passed)
+
+
+def _count_groups(stats: StepStats, rewards: Sequence[float | None], group: int) -> None:
+    for start in range(0, len(rewards), group):
+        scored = [r for r in rewards[start : start + group] if r is not None]
+        stats.groups += 1
+        if len(scored) < 2 or max(scored) == min(scored):
+            stats.groups_without_signal += 1

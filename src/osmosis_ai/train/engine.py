@@ -1,0 +1,322 @@
+"""The TRL adapter: load the model, the supervised warm-up (``SFTTrainer``) and the GRPO
+trainer (``GRPOTrainer`` with our ``rollout_func``), configured from the training config.
+
+Imports torch, transformers, trl (and peft for LoRA) inside functions: importing this module
+is cheap, calling it needs the ``train`` extra. CPU runs use ``use_cpu``, fp32, no gradient
+checkpointing; TRL does the GRPO maths, the optimizer and its resumable checkpoints.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from osmosis_ai.errors import ConfigError, MissingExtraError
+from osmosis_ai.train.collect import prompt_for, reward_from_rollouts
+from osmosis_ai.train.errors import OutOfMemoryError
+from osmosis_ai.train.events import WarmupEvent
+from osmosis_ai.train.plan import TrainPlan
+from osmosis_ai.workspace import DatasetRow, LoraSection
+
+REPORT_MODULES = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
+}
+_FEATURE = "osmosis train run"
+
+
+def require_train_extra(*, lora: bool = False) -> None:
+    """Fail once, naming the install command, when a training dependency is missing."""
+    modules = ["torch", "transformers", "trl", "datasets", "accelerate"] + (
+        ["peft"] if lora else []
+    )
+    for name in modules:
+        if importlib.util.find_spec(name) is None:
+            raise MissingExtraError("train", _FEATURE, name)
+
+
+def quiet() -> None:
+    """Keep library progress bars, per-step log prints and known deprecation noise off the
+    terminal: the run reports through its own events and files."""
+    import warnings
+
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    warnings.filterwarnings(
+        "ignore", message=".*gradient_checkpointing.* is deprecated", category=FutureWarning
+    )
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _silence(trainer: Any) -> Any:
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def resolve_device(requested: str | None) -> str:
+    import torch
+
+    if requested:
+        if requested.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"device {requested!r} was asked for but no CUDA device is visible")
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def set_threads(count: int | None) -> None:
+    if count is not None:
+        import torch
+
+        torch.set_num_threads(max(1, count))
+
+
+def load_model(ref: str, device: str) -> tuple[Any, Any]:
+    """Model and tokenizer from a local Hugging Face directory (offline), checked for what
+    training needs: a chat template and a pad token."""
+    import torch
+    import transformers
+
+    path = Path(ref)
+    hint = "point experiment.model_path at a directory saved with save_pretrained"
+    if path.is_absolute() and not (path / "config.json").is_file():
+        raise ConfigError(f"{path} has no config.json, so it is not a Hugging Face model: {hint}")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(ref, local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            ref, local_files_only=True, dtype=torch.float32 if device == "cpu" else "auto"
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"cannot load a causal LM from {ref!r}: {exc}; {hint}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"the tokenizer of {ref} has no chat template, which rollouts and training need to "
+            f"turn messages into tokens: add one as {path / 'chat_template.jinja'} (or a "
+            "'chat_template' entry in tokenizer_config.json)"
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return cast(Any, model).to(device), tokenizer
+
+
+def report_targets(wanted: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(installed, missing)`` of the requested metric sinks."""
+    found = [t for t in wanted if any(importlib.util.find_spec(m) for m in REPORT_MODULES[t])]
+    return found, [t for t in wanted if t not in found]
+
+
+def lora_config(section: LoraSection) -> Any:
+    from peft import LoraConfig
+
+    modules = section.target_modules
+    return LoraConfig(
+        r=section.rank,
+        lora_alpha=section.alpha,
+        lora_dropout=section.dropout,
+        target_modules=modules if isinstance(modules, str) else list(modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def _common_args(device: str, seed: int) -> dict[str, Any]:
+    import torch
+
+    gpu = device.startswith("cuda")
+    return {
+        "use_cpu": not gpu,
+        "bf16": gpu and torch.cuda.is_bf16_supported(),
+        "gradient_checkpointing": False,
+        "seed": seed,
+        "data_seed": seed,
+        "disable_tqdm": True,
+        "logging_steps": 1,
+        "dataloader_num_workers": 0,
+    }
+
+
+def warm_up(
+    model: Any,
+    tokenizer: Any,
+    plan: TrainPlan,
+    device: str,
+    *,
+    emit: Callable[[WarmupEvent], None],
+    should_stop: Callable[[], bool],
+) -> tuple[Any, int, bool]:
+    """Supervised steps on the rows' ground truth (the assistant reply is the label).
+    Returns the model (LoRA merged in), the steps done, and whether it was stopped."""
+    from datasets import Dataset
+    from trl.trainer.sft_config import SFTConfig
+    from trl.trainer.sft_trainer import SFTTrainer
+
+    from osmosis_ai.train.callbacks import WarmupCallback
+
+    config = plan.config
+    examples = [
+        {"prompt": _plain(row), "completion": [{"role": "assistant", "content": row.label}]}
+        for row in plan.rows
+        if row.label is not None
+    ]
+    # Repeat small datasets so every step gets a full batch (an epoch's last batch is short).
+    wanted = config.warmup.sft_steps * config.warmup.batch_size
+    examples *= max(1, -(-wanted // len(examples)))
+    callback = WarmupCallback(emit, should_stop)
+    with tempfile.TemporaryDirectory(prefix="osmosis-warmup-") as scratch:
+        args = SFTConfig(
+            output_dir=scratch,
+            max_steps=config.warmup.sft_steps,
+            per_device_train_batch_size=config.warmup.batch_size,
+            learning_rate=config.warmup.lr,
+            max_length=config.training.max_prompt_length + config.training.max_response_length,
+            report_to=[],
+            save_strategy="no",
+            **_common_args(device, config.training.seed),
+        )
+        trainer = _silence(
+            SFTTrainer(
+                model=model,
+                args=args,
+                train_dataset=Dataset.from_list(examples),
+                processing_class=tokenizer,
+                peft_config=lora_config(config.lora) if config.lora.enabled else None,
+                callbacks=[callback],
+            )
+        )
+        _guard_memory(trainer.train, plan, "the warm-up", config.warmup.batch_size)
+        warmed = trainer.model
+        steps = int(trainer.state.global_step)
+    if config.lora.enabled:
+        warmed = warmed.merge_and_unload()
+    return warmed, steps, callback.stopped
+
+
+def _plain(row: DatasetRow) -> list[dict[str, Any]]:
+    return [dict(m) for m in row.initial_messages] or [{"role": "user", "content": ""}]
+
+
+def grpo_config(plan: TrainPlan, output_dir: Path, device: str, report_to: list[str]) -> Any:
+    from trl.trainer.grpo_config import GRPOConfig
+
+    config, options = plan.config, plan.options
+    training, sampling = config.training, config.sampling
+    completions = plan.batch * plan.group
+    micro = options.micro_batch_size or completions
+    vllm: dict[str, Any] = {}
+    if options.vllm_server_url:
+        vllm = {
+            "use_vllm": True,
+            "vllm_mode": "server",
+            "vllm_server_base_url": options.vllm_server_url,
+        }
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=plan.steps,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=completions // micro,
+        num_generations=plan.group,
+        learning_rate=training.lr,
+        lr_scheduler_type="constant",
+        beta=training.kl_coef,
+        loss_type=training.loss_type,
+        max_completion_length=training.max_response_length,
+        temperature=sampling.rollout_temperature,
+        top_p=sampling.rollout_top_p,
+        shuffle_dataset=False,  # the plan fixed the order; resume replays it exactly
+        save_strategy="steps",
+        save_steps=options.resume_every,
+        save_total_limit=1,
+        report_to=report_to,
+        log_completions=False,
+        **vllm,
+        **_common_args(device, training.seed),
+    )
+
+
+def build_trainer(
+    model: Any,
+    tokenizer: Any,
+    plan: TrainPlan,
+    args: Any,
+    *,
+    rollout_func: Callable[[list[Any], Any], dict[str, list[Any]]],
+    callbacks: Sequence[Any],
+) -> Any:
+    from datasets import Dataset
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    dataset = Dataset.from_list([{"prompt": prompt_for(i, plan.rows[i])} for i in plan.order])
+    lora = plan.config.lora
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward_from_rollouts],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(lora) if lora.enabled else None,
+        rollout_func=rollout_func,
+        callbacks=list(callbacks),
+    )
+    return _silence(trainer)
+
+
+def served_model(trainer: Any) -> Any:
+    """The module generation should run on: the trainer's model (its base for LoRA, whose
+    adapter layers sit inside it)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def run(trainer: Any, plan: TrainPlan, resume_from: Path | None) -> None:
+    """``trainer.train``, resuming from ``resume_from`` when given."""
+    target = None if resume_from is None else str(resume_from)
+    _guard_memory(lambda: trainer.train(resume_from_checkpoint=target), plan, "a GRPO step", None)
+
+
+def _guard_memory(call: Callable[[], Any], plan: TrainPlan, what: str, batch: int | None) -> None:
+    import torch
+
+    try:
+        call()
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        text = str(exc).lower()
+        if not isinstance(exc, torch.OutOfMemoryError) and not (
+            "out of memory" in text or "can't allocate memory" in text
+        ):
+            raise
+        if batch is not None:
+            size = f"[warmup].batch_size = {batch}"
+            fix = "lower [warmup].batch_size"
+        else:
+            size = (
+                f"rollout_batch_size {plan.batch} × n_samples_per_prompt {plan.group} = "
+                f"{plan.batch * plan.group} completions per step"
+                + (
+                    f" in micro-batches of {plan.options.micro_batch_size}"
+                    if plan.options.micro_batch_size
+                    else ""
+                )
+            )
+            fix = (
+                "pass --micro-batch-size N (a divisor, e.g. 8) to split each step, lower "
+                "training.rollout_batch_size, or shorten training.max_response_length "
+                f"({plan.config.training.max_response_length})"
+            )
+        raise OutOfMemoryError(f"out of memory in {what} with {size}: {fix}") from exc
+
+
+def save_model(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Hugging Face format: the model (the adapter, for LoRA) and the tokenizer."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)

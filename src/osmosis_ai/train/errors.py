@@ -1,0 +1,28 @@
+"""Errors of a training run, below :class:`~osmosis_ai.errors.OsmosisError`::
+
+TrainingError            the run failed while it ran (rollouts, rewards, the update)
+├── TokenFidelityError   recorded token data cannot make a faithful training row
+├── NoRewardError        a whole step came back without one usable reward
+└── OutOfMemoryError     a training batch did not fit: the message names the sizes
+"""
+
+from __future__ import annotations
+
+from osmosis_ai.errors import OsmosisError
+
+
+class TrainingError(OsmosisError):
+    """A training run failed at run time; the message says what failed and what to do."""
+
+
+class TokenFidelityError(TrainingError):
+    """A model call's recorded token ids are missing, or (strict mode) a later call's
+    prompt is not an append-only extension of the earlier prompt plus completion."""
+
+
+class NoRewardError(TrainingError):
+    """Every rollout of a training step failed or came back without a reward."""
+
+
+class OutOfMemoryError(TrainingError):
+    """The device ran out of memory on a training batch."""

@@ -1,0 +1,153 @@
+"""What a training run reports while it runs (events) and when it ends (the result).
+
+The runner never prints: it calls one event sink with these events, in order, on the
+thread that runs the trainer, and returns a :class:`TrainRunResult`. The CLI renders both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """A stage began or ended (``starting rollout server (main.py)``)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class WarningEvent:
+    """A non-fatal problem with a stable ``code``."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One redacted log line, sent only with ``verbose``."""
+
+    line: str
+
+
+@dataclass(frozen=True)
+class WarmupEvent:
+    """A supervised warm-up step finished (``loss`` when the trainer logged one)."""
+
+    step: int
+    total: int
+    loss: float | None
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """Validation: ``rollouts`` sampled over the validation rows at the training step
+    ``step`` (0 = before RL); the mean reward and pass rate are over the scored ones."""
+
+    step: int
+    rollouts: int
+    scored: int
+    mean_reward: float | None
+    pass_rate: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "rollouts": self.rollouts,
+            "scored": self.scored,
+            "mean_reward": self.mean_reward,
+            "pass_rate": self.pass_rate,
+        }
+
+
+@dataclass(frozen=True)
+class ValidationEvent:
+    summary: EvalSummary
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """An optimizer step finished; ``metrics`` is its ``metrics.jsonl`` record."""
+
+    step: int
+    total: int
+    metrics: dict[str, Any]
+    elapsed_s: float
+
+
+TrainEvent = StageEvent | WarningEvent | LogEvent | WarmupEvent | ValidationEvent | StepEvent
+EventSink = Callable[[TrainEvent], None]
+
+
+def window_mean(
+    values: Sequence[float | None], *, head: bool, fraction: float = 0.1
+) -> float | None:
+    """Mean of the first (``head``) or last ``fraction`` of the finite ``values`` (≥ 1 value)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    count = max(1, round(len(finite) * fraction))
+    part = finite[:count] if head else finite[-count:]
+    return sum(part) / len(part)
+
+
+@dataclass(frozen=True)
+class TrainRunResult:
+    """How one invocation of ``osmosis train run`` ended.
+
+    ``status``: ``success`` (every step done), ``interrupted`` (Ctrl-C: checkpoint saved),
+    ``partial`` (stopped early for another reason). Rewards are training-batch means per
+    step; ``reward_start``/``reward_end`` average the first and last 10% of the steps.
+    """
+
+    run_name: str
+    run_dir: Path
+    status: str
+    steps_done: int
+    total_steps: int
+    resumed: bool
+    duration_ms: int
+    rewards: tuple[float | None, ...]
+    validations: tuple[EvalSummary, ...] = ()
+    checkpoints: tuple[Path, ...] = ()
+    warmup_steps: int = 0
+    plot_path: Path | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def reward_start(self) -> float | None:
+        return window_mean(self.rewards, head=True)
+
+    @property
+    def reward_end(self) -> float | None:
+        return window_mean(self.rewards, head=False)
+
+    @property
+    def final_checkpoint(self) -> Path | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    def to_resource(self) -> dict[str, Any]:
+        """The ``resource`` of the ``train.run`` JSON result."""
+        return {
+            "run_name": self.run_name,
+            "output_path": str(self.run_dir),
+            "status": self.status,
+            "steps_done": self.steps_done,
+            "total_steps": self.total_steps,
+            "resumed": self.resumed,
+            "duration_ms": self.duration_ms,
+            "warmup_steps": self.warmup_steps,
+            "training_reward": {"start": self.reward_start, "end": self.reward_end},
+            "validation": [v.to_json() for v in self.validations],
+            "checkpoints": [str(p) for p in self.checkpoints],
+            "final_checkpoint": None
+            if self.final_checkpoint is None
+            else str(self.final_checkpoint),
+            "metrics_path": str(self.run_dir / "metrics.jsonl"),
+            "plot_path": None if self.plot_path is None else str(self.plot_path),
+        }

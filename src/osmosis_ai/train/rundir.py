@@ -1,0 +1,305 @@
+"""The run directory ``<workspace>/.osmosis/training/<run>/`` and its durable writes.
+
+``run.json`` (manifest, status), ``config.toml`` (as written), ``inputs.json`` (resolved),
+``metrics.jsonl`` (one fsynced line per step), ``logs.txt`` (secrets redacted),
+``checkpoints/step-NNNNNN/`` (Hugging Face format), ``warmup/`` (the model after the
+supervised warm-up), ``resume/`` (the trainer's resumable state), ``rollouts/`` (artifacts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from osmosis_ai.errors import UsageError
+from osmosis_ai.train.plan import RUN_FILE, TrainPlan
+
+REDACTED = "[REDACTED]"
+SERVER_FILE = "rollout-server.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def iso_now() -> str:
+    now = datetime.now(UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+def write_json(path: Path, value: object) -> None:
+    """Write ``value`` as indented JSON atomically (temp file, fsync, rename)."""
+    data = json.dumps(value, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def finite(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with non-finite floats as ``None`` (strict JSON has no NaN)."""
+    return {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()
+    }
+
+
+def save_atomically(target: Path, save: Callable[[Path], None]) -> Path:
+    """Run ``save(folder)`` into a temp folder beside ``target``, then rename it there
+    (replacing an older one): a reader or a kill never sees half a checkpoint."""
+    temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        save(temp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(temp, target)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return target
+
+
+class RunLog:
+    """``logs.txt``: ``<ISO> <LEVEL> [<stage>] <message> <JSON details>``, with every
+    registered secret replaced by ``[REDACTED]``; safe to share between threads."""
+
+    def __init__(self, path: Path, secrets: Iterable[str] = ()) -> None:
+        self.path = path
+        self._secrets: list[str] = []
+        self._lock = threading.Lock()
+        self._handle = path.open("a", encoding="utf-8")
+        self.add_secrets(*secrets)
+
+    def add_secrets(self, *values: str) -> None:
+        with self._lock:
+            merged = {*self._secrets, *(v for v in values if v)}
+            self._secrets = sorted(merged, key=lambda v: (-len(v), v))
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def write(self, level: str, stage: str, message: str, details: Mapping[str, object]) -> None:
+        extra = json.dumps(dict(details), sort_keys=True, default=str, ensure_ascii=False)
+        line = self.redact(f"{message} {extra}" if details else message)
+        line = line.replace("\r", "\\r").replace("\n", "\\n")
+        with self._lock:
+            if not self._handle.closed:
+                self._handle.write(f"{iso_now()} {level} [{stage}] {line}\n")
+                self._handle.flush()
+
+    def info(self, stage: str, message: str, **details: object) -> None:
+        self.write("INFO", stage, message, details)
+
+    def warning(self, stage: str, message: str, **details: object) -> None:
+        self.write("WARNING", stage, message, details)
+
+    def error(self, stage: str, message: str, **details: object) -> None:
+        self.write("ERROR", stage, message, details)
+
+    def output(self, stage: str, text: str) -> None:
+        for line in text.splitlines():
+            if line.strip():
+                self.write("INFO", stage, line, {})
+
+    def close(self) -> None:
+        with self._lock:
+            self._handle.close()
+
+
+class RunDir:
+    """Creates (or reopens, for ``--resume``) the run directory of ``plan``."""
+
+    def __init__(self, plan: TrainPlan) -> None:
+        self.plan = plan
+        self.path = plan.run_dir
+        self.checkpoints = self.path / "checkpoints"
+        self.warmup = self.path / "warmup"
+        self.resume_dir = self.path / "resume"
+        self.rollouts = self.path / "rollouts"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.plot_path = self.path / "reward.png"
+        if plan.resumed:
+            self._check_resumable()
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+        for folder in (self.checkpoints, self.rollouts):
+            folder.mkdir(exist_ok=True)
+        self.journal = RunLog(self.path / "logs.txt", plan.secrets.values())
+        self.manifest: dict[str, Any] = self._manifest()
+        shutil.copyfile(plan.config.path, self.path / "config.toml")
+        write_json(self.path / "inputs.json", self._inputs())
+        self.set_status("running")
+
+    def _check_resumable(self) -> None:
+        stored = json.loads((self.path / RUN_FILE).read_text(encoding="utf-8"))
+        changed = {
+            key: (stored.get("order", {}).get(key), value)
+            for key, value in self.plan.order_key().items()
+            if stored.get("order", {}).get(key) != value
+        }
+        if changed:
+            what = ", ".join(f"{k} {old!r} → {new!r}" for k, (old, new) in changed.items())
+            raise UsageError(
+                f"cannot resume {self.plan.run_name}: {what} changed since it started, which "
+                "changes the data order; restore them, or start a new run without --resume"
+            )
+
+    def _manifest(self) -> dict[str, Any]:
+        previous: dict[str, Any] = {}
+        if self.plan.resumed:
+            previous = json.loads((self.path / RUN_FILE).read_text(encoding="utf-8"))
+        plan = self.plan
+        return {
+            "name": plan.run_name,
+            "created_at": previous.get("created_at", iso_now()),
+            "config_path": str(plan.config.path),
+            "model": plan.model_ref,
+            "dataset": str(plan.dataset_path),
+            "order": plan.order_key(),
+            "steps": plan.steps,
+            "invocations": int(previous.get("invocations", 0)) + 1,
+        }
+
+    def _inputs(self) -> dict[str, object]:
+        from dataclasses import asdict
+
+        plan, config = self.plan, self.plan.config
+        return {
+            "run_name": plan.run_name,
+            "config": str(config.path),
+            "model": plan.model_ref,
+            "rollout": str(config.rollout_dir),
+            "entrypoint": str(config.entrypoint_path),
+            "dataset": {"path": str(plan.dataset_path), "sha256": plan.dataset_sha256},
+            "rows": len(plan.rows),
+            "steps": plan.steps,
+            "rollout_batch_size": plan.batch,
+            "n_samples_per_prompt": plan.group,
+            "validation_rows": len(plan.eval_indices),
+            "training": asdict(config.training),
+            "sampling": asdict(config.sampling),
+            "checkpoints": asdict(config.checkpoints),
+            "lora": asdict(config.lora),
+            "warmup": asdict(config.warmup),
+            "env_names": sorted(config.env),
+            "secret_names": sorted(plan.secrets),
+            "options": {
+                "max_steps": plan.options.max_steps,
+                "micro_batch_size": plan.options.micro_batch_size,
+                "resume_every": plan.options.resume_every,
+                "strict_token_chain": plan.options.strict_token_chain,
+                "eval_samples": plan.options.eval_samples,
+            },
+        }
+
+    def set_status(self, status: str, **extra: object) -> None:
+        self.manifest.update({"status": status, "updated_at": iso_now(), **extra})
+        write_json(self.path / RUN_FILE, self.manifest)
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.is_file():
+            return []
+        records: list[dict[str, Any]] = []
+        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue  # a torn last line from a kill
+            if isinstance(value, dict):
+                records.append(value)
+        return records
+
+    def keep_metrics_until(self, step: int) -> list[dict[str, Any]]:
+        """Drop records after ``step`` (steps a killed invocation did not checkpoint)."""
+        kept = [r for r in self.read_metrics() if int(r.get("step", 0)) <= step]
+        text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept)
+        temp = self.metrics_path.with_suffix(".tmp")
+        temp.write_text(text, encoding="utf-8")
+        os.replace(temp, self.metrics_path)
+        return kept
+
+    def append_metrics(self, record: Mapping[str, Any]) -> None:
+        with self.metrics_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(finite(record), allow_nan=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def last_resume_point(self) -> Path | None:
+        """The newest complete trainer checkpoint (its ``trainer_state.json`` is written
+        last, so a checkpoint cut short by a kill is skipped)."""
+        if not self.resume_dir.is_dir():
+            return None
+        found = [
+            (int(match.group(1)), entry)
+            for entry in self.resume_dir.iterdir()
+            if (match := _CHECKPOINT.match(entry.name)) and (entry / "trainer_state.json").is_file()
+        ]
+        return max(found)[1] if found else None
+
+    def export(self, name: str, save: Callable[[Path], None]) -> Path:
+        """``save`` a checkpoint into ``checkpoints/<name>`` (whole or absent, see
+        :func:`save_atomically`)."""
+        return save_atomically(self.checkpoints / name, save)
+
+    def list_checkpoints(self) -> list[Path]:
+        return sorted(p for p in self.checkpoints.iterdir() if p.name.startswith("step-"))
+
+    # -- the rollout server child ------------------------------------------------------------
+
+    def record_server(self, pid: int, port: int | None, instance_id: str) -> None:
+        """Remember the running rollout server, so a run killed with -9 can reap it."""
+        write_json(self.path / SERVER_FILE, {"pid": pid, "port": port, "instance_id": instance_id})
+
+    def forget_server(self) -> None:
+        (self.path / SERVER_FILE).unlink(missing_ok=True)
+
+    def reap_orphan(self) -> int | None:
+        """Stop the rollout server an earlier, killed invocation left running (only when it
+        still answers ``/health`` with that invocation's instance id); returns its pid."""
+        from osmosis_ai.controller.rollout_process import INSTANCE_HEADER
+
+        try:
+            record = json.loads((self.path / SERVER_FILE).read_text(encoding="utf-8"))
+            pid, port, instance = (
+                int(record["pid"]),
+                int(record["port"]),
+                str(record["instance_id"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        try:
+            answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0)
+        except httpx.HTTPError:
+            self.forget_server()
+            return None
+        if answer.headers.get(INSTANCE_HEADER) != instance:
+            self.forget_server()
+            return None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        self.forget_server()
+        return pid
+
+    def close(self) -> None:
+        self.journal.close()

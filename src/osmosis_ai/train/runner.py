@@ -1,0 +1,390 @@
+"""``run_training``: one invocation of ``osmosis train run``, from the plan to the result.
+
+Plan → run dir → rollout server and controller service (started while the model loads) →
+optional supervised warm-up → validation → GRPO steps (each: rollouts through the protocol
+against the current policy, rewards from the grader, one TRL update) → final checkpoint,
+validation and reward plot. Ctrl-C finishes the step, saves, and stops; a second one quits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from osmosis_ai.train import engine
+from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
+from osmosis_ai.train.chart import save_png
+from osmosis_ai.train.collect import RolloutCollector, StepStats
+from osmosis_ai.train.events import (
+    EvalSummary,
+    EventSink,
+    LogEvent,
+    StageEvent,
+    StepEvent,
+    TrainEvent,
+    TrainRunResult,
+    ValidationEvent,
+    WarningEvent,
+)
+from osmosis_ai.train.plan import TrainPlan, TrainRunOptions, build_plan
+from osmosis_ai.train.rundir import RunDir, iso_now, save_atomically
+from osmosis_ai.train.stopping import Background, StopRequest
+
+# Rollout servers that honor it (the bundled templates do) skip per-rollout trajectory files
+# during training; a workspace can set it to "1" in [env] to keep them.
+TRAJECTORIES_ENV = "OSMOSIS_SAVE_TRAJECTORIES"
+
+# TRL's log keys → metrics.jsonl keys (reference §6.5 names where one exists).
+METRIC_NAMES = {
+    "reward": "training_reward",
+    "reward_std": "reward_std",
+    "frac_reward_zero_std": "frac_reward_zero_std",
+    "entropy": "entropy",
+    "kl": "kl",
+    "completions/mean_length": "response_length",
+    "clip_ratio/region_mean": "clip_ratio",
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "learning_rate": "learning_rate",
+    "step_time": "step_seconds",
+}
+
+
+def run_training(options: TrainRunOptions, on_event: EventSink | None = None) -> TrainRunResult:
+    """Run (or resume) the training ``options`` describe; ``on_event`` sees its progress."""
+    emit: EventSink = on_event or (lambda _event: None)
+    plan = build_plan(options)
+    engine.require_train_extra(lora=plan.config.lora.enabled)
+    rundir = RunDir(plan)
+    try:
+        return _Run(plan, rundir, emit).execute()
+    finally:
+        rundir.close()
+
+
+class _Run:
+    def __init__(self, plan: TrainPlan, rundir: RunDir, emit: EventSink) -> None:
+        self.plan, self.rundir, self._emit = plan, rundir, emit
+        self.journal = rundir.journal
+        self.started = time.monotonic()
+        self.rewards: list[float | None] = []
+        self.validations: list[EvalSummary] = []
+        self.warnings: list[str] = []
+        self.stop = StopRequest(self._on_stop_request)
+        self.pending_validation: EvalSummary | None = None
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.trainer: Any = None
+        self.policy: Any = None
+        self.collector: RolloutCollector | None = None
+        self.steps_done = 0
+        self.warmup_steps = 0
+        self.resume_point: Path | None = None
+        self._warned: set[str] = set()
+
+    # -- events ----------------------------------------------------------------------------
+
+    def emit(self, event: TrainEvent) -> None:
+        self._emit(event)
+
+    def stage(self, message: str, **details: object) -> None:
+        self.journal.info("run", message, **details)
+        self.emit(StageEvent(self.journal.redact(message)))
+
+    def warn(self, code: str, message: str) -> None:
+        self.journal.warning("run", message, code=code)
+        self.warnings.append(message)
+        self.emit(WarningEvent(code, self.journal.redact(message)))
+
+    def _server_output(self, line: str) -> None:
+        self.journal.output("rollout-server", line)
+        if self.plan.options.verbose:
+            self.emit(LogEvent(f"[rollout-server] {self.journal.redact(line)}"))
+
+    # -- the invocation ----------------------------------------------------------------------
+
+    def execute(self) -> TrainRunResult:
+        plan = self.plan
+        for code, message in plan.warnings:
+            self.warn(code, message)
+        verb = "resuming" if plan.resumed else "new run"
+        self.stage(
+            f"{plan.run_name}: {plan.steps} steps of {plan.batch} prompts × {plan.group} "
+            f"samples ({verb})"
+        )
+        with self.stop if plan.options.handle_signals else contextlib.nullcontext():
+            try:
+                status = self._train()
+            except KeyboardInterrupt:
+                self.rundir.set_status("interrupted", steps_done=self.steps_done)
+                raise
+            except BaseException as exc:
+                self.journal.error("run", f"training failed: {type(exc).__name__}: {exc}")
+                self.rundir.set_status(
+                    "failed", steps_done=self.steps_done, error=self.journal.redact(str(exc))
+                )
+                raise
+        self.rundir.set_status(status, steps_done=self.steps_done)
+        plot = (
+            self.rundir.plot_path
+            if save_png(self.rundir.plot_path, self.rewards, self.validations)
+            else None
+        )
+        if plot is None:
+            self.warn(
+                "PLOT_SKIPPED",
+                "matplotlib is not installed: no reward.png (pip install matplotlib)",
+            )
+        return TrainRunResult(
+            run_name=plan.run_name,
+            run_dir=self.rundir.path,
+            status=status,
+            steps_done=self.steps_done,
+            total_steps=plan.steps,
+            resumed=plan.resumed,
+            duration_ms=round((time.monotonic() - self.started) * 1000),
+            rewards=tuple(self.rewards),
+            validations=tuple(self.validations),
+            checkpoints=tuple(self.rundir.list_checkpoints()),
+            warmup_steps=self.warmup_steps,
+            plot_path=plot,
+            warnings=tuple(self.warnings),
+        )
+
+    def _train(self) -> str:
+        plan, config, rundir = self.plan, self.plan.config, self.rundir
+        engine.quiet()
+        engine.set_threads(plan.options.torch_threads)
+        device = engine.resolve_device(plan.options.device)
+        report_to, missing = engine.report_targets(config.training.report_to)
+        for target in missing:
+            self.warn(
+                "REPORT_TARGET_MISSING",
+                f"training.report_to lists {target!r}, which is not installed: skipped "
+                f"(pip install {target})",
+            )
+        training = config.training
+        orphan = rundir.reap_orphan()
+        if orphan is not None:
+            self.stage(
+                f"stopped the rollout server (pid {orphan}) a killed invocation left running"
+            )
+        upstream = TrainingUpstream(
+            temperature=config.sampling.rollout_temperature,
+            top_p=config.sampling.rollout_top_p,
+            max_tokens=training.max_response_length,
+        )
+        assert config.rollout_dir is not None and config.entrypoint_path is not None
+        bridge = RolloutBridge(
+            rollout_dir=config.rollout_dir,
+            entrypoint=config.entrypoint_path,
+            artifact_root=rundir.rollouts,
+            upstream=upstream,
+            env={TRAJECTORIES_ENV: "0", **config.env, **plan.secrets},
+            port=plan.options.rollout_port,
+            on_output=self._server_output,
+            on_spawn=lambda server: rundir.record_server(
+                server.process.pid if server.process else 0, server.port, server.instance_id
+            ),
+        )
+        self.journal.add_secrets(*bridge.secrets)
+        self.stage(
+            f"starting rollout server ({config.entrypoint_path.name}) and controller on 127.0.0.1"
+        )
+        starting = Background(bridge.start)
+        try:
+            self._prepare_model(device)
+            starting.wait()
+            self.stage(
+                f"rollout server healthy on port {bridge.server.port} "
+                f"({bridge.generation} protocol)"
+            )
+            if self.stop.requested:
+                return "interrupted"
+            return self._reinforce(bridge, upstream, device, report_to)
+        finally:
+            starting.wait(raise_error=False)
+            bridge.close()
+            rundir.forget_server()
+
+    def _prepare_model(self, device: str) -> None:
+        plan, rundir = self.plan, self.rundir
+        self.resume_point = rundir.last_resume_point() if plan.resumed else None
+        warmed = (rundir.warmup / "config.json").is_file() or (
+            rundir.warmup / "adapter_config.json"
+        ).is_file()
+        base = str(rundir.warmup) if warmed else plan.model_ref
+        self.stage(f"loading model {base}")
+        self.model, self.tokenizer = engine.load_model(base, device)
+        sft_steps = plan.config.warmup.sft_steps
+        if warmed or sft_steps == 0 or self.resume_point is not None:
+            return
+        self.stage(f"warm-up: {sft_steps} supervised steps on the dataset's labels")
+        model, steps, stopped = engine.warm_up(
+            self.model,
+            self.tokenizer,
+            plan,
+            device,
+            emit=self.emit,
+            should_stop=lambda: self.stop.requested,
+        )
+        self.warmup_steps = steps
+        if stopped:
+            return
+        save_atomically(
+            rundir.warmup, lambda folder: engine.save_model(model, self.tokenizer, folder)
+        )
+        self.journal.info("warmup", "warm-up done", steps=steps, saved=str(rundir.warmup))
+        self.model, self.tokenizer = engine.load_model(str(rundir.warmup), device)
+
+    def _reinforce(
+        self, bridge: RolloutBridge, upstream: TrainingUpstream, device: str, report_to: list[str]
+    ) -> str:
+        from osmosis_ai.controller.policy import LocalPolicy
+        from osmosis_ai.train.callbacks import RunCallback
+
+        plan, training = self.plan, self.plan.config.training
+        max_len = training.max_prompt_length + training.max_response_length
+        tokenizer = self.tokenizer
+
+        vllm_url = plan.options.vllm_server_url
+
+        def serve(model: Any) -> None:
+            self.policy = LocalPolicy.from_model(
+                model, tokenizer, name=plan.model_ref, max_model_len=max_len, seed=training.seed
+            )
+            if vllm_url is None:
+                upstream.serve_local(self.policy)
+
+        serve(self.model)
+        if vllm_url is not None:  # TRL syncs the server's weights before each step's rollouts
+            from osmosis_ai.controller.upstream import OpenAICompatibleUpstream
+
+            vllm = OpenAICompatibleUpstream(f"{vllm_url.rstrip('/')}/v1", None, plan.model_ref)
+            upstream.serve(vllm, lambda: int(self.trainer.state.global_step))
+        self.collector = RolloutCollector(
+            bridge,
+            plan.rows,
+            fallback_prompt=lambda row: self.policy.encode(
+                self.policy.render(row.initial_messages)
+            ),
+            stop_id=int(tokenizer.eos_token_id),
+            agent_timeout_sec=training.agent_workflow_timeout_s,
+            grader_timeout_sec=training.grader_timeout_s,
+            max_response_length=training.max_response_length,
+            group_size=plan.group,
+            strict=plan.options.strict_token_chain,
+            on_failure=lambda rollout_id, reason: self.journal.warning(
+                "rollout", reason, rollout_id=rollout_id
+            ),
+        )
+        if self.resume_point is not None:
+            done = int(self.resume_point.name.rpartition("-")[2])
+            kept = self.rundir.keep_metrics_until(done)
+            self.rewards = [r.get("training_reward") for r in kept]
+            self.steps_done = done
+            with self.updating(done):
+                pass  # the served policy's version continues from the checkpoint's step
+            self.stage(f"resuming after step {done} ({self.resume_point.name})")
+        elif plan.config.checkpoints.eval_interval > 0 and vllm_url is None:
+            self._validate(0)  # (a vLLM server holds the pre-warm-up weights until step 1)
+        callback = RunCallback(self)
+        args = engine.grpo_config(plan, self.rundir.resume_dir, device, report_to)
+        self.trainer = engine.build_trainer(
+            self.model, tokenizer, plan, args, rollout_func=self.collector, callbacks=[callback]
+        )
+        if vllm_url is None and engine.served_model(self.trainer) is not self.model:
+            serve(engine.served_model(self.trainer))
+        self.stage(
+            f"GRPO: {plan.steps - self.steps_done} steps ({training.loss_type}, "
+            f"lr {training.lr:g}, kl {training.kl_coef:g})"
+        )
+        engine.run(self.trainer, plan, self.resume_point)
+        stopped = callback.stopped_early
+        last = self.steps_done
+        if last and not any(p.name == f"step-{last:06d}" for p in self.rundir.list_checkpoints()):
+            self._export(last)
+        if not stopped and plan.config.checkpoints.eval_interval > 0:
+            self._validate(last)
+        if stopped:
+            self.stage(
+                f"interrupted: stopped after step {last}; checkpoint saved, resume with --resume"
+            )
+            return "interrupted"
+        return "success" if last >= plan.steps else "partial"
+
+    # -- StepHooks (called by the trainer's callback) ---------------------------------------
+
+    def updating(self, version: int) -> contextlib.AbstractContextManager[None]:
+        if self.policy is None or self.plan.options.vllm_server_url is not None:
+            return contextlib.nullcontext()
+        return self.policy.updating(version)
+
+    def after_step(self, step: int) -> bool:
+        self.steps_done = step
+        checkpoints = self.plan.config.checkpoints
+        if (
+            checkpoints.eval_interval
+            and step % checkpoints.eval_interval == 0
+            and step < self.plan.steps
+        ):
+            self.pending_validation = self._validate(step)
+        if checkpoints.checkpoint_save_freq and step % checkpoints.checkpoint_save_freq == 0:
+            self._export(step)
+        return self.stop.requested
+
+    def record_step(self, step: int, logs: dict[str, Any]) -> None:
+        record: dict[str, Any] = {"step": step, "time": iso_now()}
+        for source, name in METRIC_NAMES.items():
+            if source in logs:
+                record[name] = logs[source]
+        stats: StepStats | None = self.collector.last if self.collector else None
+        if stats is not None:
+            record.update(stats.to_metrics())
+            if stats.groups and stats.groups_without_signal == stats.groups:
+                self.warn_once(
+                    "NO_SIGNAL",
+                    f"step {step}: every group's rewards are equal, so the advantages and the "
+                    "update are zero (no learning signal). Expected early with a weak policy; if "
+                    "it persists, warm "
+                    "up with [warmup] sft_steps, or give the grader partial credit",
+                )
+        validation, self.pending_validation = self.pending_validation, None
+        if validation is not None:
+            record["validation_reward"] = validation.mean_reward
+            record["validation_pass_rate"] = validation.pass_rate
+        self.rundir.append_metrics(record)
+        self.rewards.append(record.get("training_reward"))
+        self.emit(StepEvent(step, self.plan.steps, record, time.monotonic() - self.started))
+
+    def warn_once(self, code: str, message: str) -> None:
+        if code in self._warned:
+            self.journal.warning("run", message, code=code)
+            return
+        self._warned.add(code)
+        self.warn(code, message)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _on_stop_request(self, signum: int) -> None:
+        self.journal.warning(
+            "signal", "stop requested: finishing the step, then saving", signal=signum
+        )
+
+    def _validate(self, step: int) -> EvalSummary:
+        assert self.collector is not None
+        plan = self.plan
+        summary = self.collector.evaluate(plan.eval_indices, plan.options.eval_samples, step)
+        self.validations.append(summary)
+        self.journal.info("validation", "validation done", **summary.to_json())
+        self.emit(ValidationEvent(summary))
+        return summary
+
+    def _export(self, step: int) -> None:
+        trainer, tokenizer = self.trainer, self.tokenizer
+        path = self.rundir.export(
+            f"step-{step:06d}", lambda folder: engine.save_model(trainer.model, tokenizer, folder)
+        )
+        self.journal.info("checkpoint", "saved a checkpoint", step=step, path=str(path))

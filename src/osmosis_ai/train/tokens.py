@@ -1,0 +1,195 @@
+"""Training rows from the token ids the policy proxy recorded, never from re-rendered text.
+
+Calls whose prompts extend the previous prompt + completion form one chain; the tokens in
+between (tool results, user turns) join the completion masked out (``env_mask`` 0). A call
+that rewrites history starts a new chain: the row is the chain with the most model tokens
+and the rest are counted (``chain_breaks``), or in strict mode the run fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from osmosis_ai.controller.calls import CallRecord
+from osmosis_ai.train.errors import TokenFidelityError
+
+ENV_LOGPROB = 0.0  # placeholder for environment tokens: masked out, never used
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRow:
+    """One ``rollout_func`` entry. ``env_mask`` is 1 on model tokens, 0 on environment ones;
+    ``logprobs`` has one value per completion token (the sampler's for model tokens)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    env_mask: list[int]
+    reward: float | None
+    calls: int = 0
+    dropped_calls: int = 0
+    chain_breaks: int = 0
+    truncated: bool = False
+    excluded: str | None = None
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(self.env_mask)
+
+
+@dataclass(slots=True)
+class Chain:
+    """Calls whose prompts extend one another: the first prompt and everything after it."""
+
+    first_call: int
+    prompt: list[int]
+    completion: list[int] = field(default_factory=list[int])
+    logprobs: list[float] = field(default_factory=list[float])
+    mask: list[int] = field(default_factory=list[int])
+    calls: int = 0
+    finish_reason: str | None = None
+
+    def add(self, record: CallRecord, environment: Sequence[int]) -> None:
+        completion = record.completion_token_ids or []
+        logprobs = list(record.logprobs or [])
+        if len(logprobs) != len(completion):  # unknown or partial: placeholders, not a guess
+            logprobs = [ENV_LOGPROB] * len(completion)
+        self.completion += [*environment, *completion]
+        self.logprobs += [ENV_LOGPROB] * len(environment) + logprobs
+        self.mask += [0] * len(environment) + [1] * len(completion)
+        self.calls += 1
+        self.finish_reason = record.finish_reason
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(self.mask)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainBreak:
+    """Where call ``index``'s prompt stops extending the chain before it."""
+
+    index: int
+    position: int
+    expected: tuple[int, ...]
+    found: tuple[int, ...]
+
+    def describe(self) -> str:
+        return (
+            f"call {self.index}'s prompt is not an append-only extension of the previous "
+            f"call's prompt + completion: they differ at token {self.position} (expected "
+            f"{list(self.expected)}, got {list(self.found)})"
+        )
+
+
+def usable_calls(rollout_id: str, calls: Sequence[CallRecord]) -> list[CallRecord]:
+    """The calls that reached the agent, in call order. A successful call without token
+    ids cannot be trained on faithfully: :class:`TokenFidelityError`."""
+    usable: list[CallRecord] = []
+    for record in sorted(calls, key=lambda call: call.index):
+        if not record.ok:
+            continue  # the agent got an error, not tokens: it is not part of the history
+        if record.prompt_token_ids is None or record.completion_token_ids is None:
+            raise TokenFidelityError(
+                f"rollout {rollout_id}: model call {record.index} came back without token ids "
+                f"(model {record.model or '?'}): training builds rows from the ids the policy "
+                "proxy records, so the upstream must return prompt_token_ids and token_ids "
+                "(the local policy and vLLM do; enable request_token_data on the proxy)"
+            )
+        usable.append(record)
+    return usable
+
+
+def split_chains(calls: Sequence[CallRecord]) -> tuple[list[Chain], list[ChainBreak]]:
+    """Group ``calls`` (usable, in order) into append-only chains and the breaks between."""
+    chains: list[Chain] = []
+    breaks: list[ChainBreak] = []
+    for record in calls:
+        prompt = record.prompt_token_ids or []
+        chain = chains[-1] if chains else None
+        if chain is not None:
+            history = chain.prompt + chain.completion
+            if prompt[: len(history)] == history:
+                chain.add(record, prompt[len(history) :])
+                continue
+            breaks.append(_break(record.index, history, prompt))
+        chain = Chain(record.index, list(prompt))
+        chain.add(record, ())
+        chains.append(chain)
+    return chains, breaks
+
+
+def build_row(
+    rollout_id: str,
+    calls: Sequence[CallRecord],
+    reward: float | None,
+    *,
+    max_response_length: int,
+    strict: bool = False,
+) -> TrainingRow | None:
+    """The training row of one rollout, or ``None`` when no call produced a model token.
+
+    ``strict`` turns a chain break into :class:`TokenFidelityError`. A completion longer
+    than ``max_response_length`` is cut there (``truncated``), as is one whose last call
+    stopped on its token budget.
+    """
+    chains, breaks = split_chains(usable_calls(rollout_id, calls))
+    if breaks and strict:
+        raise TokenFidelityError(
+            f"rollout {rollout_id}: {breaks[0].describe()}. The agent rewrote the "
+            "conversation (re-rendered or edited messages), so its calls are not one "
+            "append-only token sequence; keep the history as the model produced it, or run "
+            "without strict token chains to train on the longest chain"
+        )
+    candidates = [chain for chain in chains if chain.model_tokens > 0]
+    if not candidates:
+        return None
+    best = max(reversed(candidates), key=lambda chain: chain.model_tokens)  # ties: the later
+    completion, logprobs, mask = best.completion, best.logprobs, best.mask
+    truncated = best.finish_reason == "length"
+    if len(completion) > max_response_length:
+        completion = completion[:max_response_length]
+        logprobs, mask = logprobs[:max_response_length], mask[:max_response_length]
+        truncated = True
+    if not any(mask):
+        return None
+    used = sum(chain.calls for chain in chains)
+    return TrainingRow(
+        prompt_ids=list(best.prompt),
+        completion_ids=list(completion),
+        logprobs=list(logprobs),
+        env_mask=list(mask),
+        reward=reward,
+        calls=best.calls,
+        dropped_calls=used - best.calls,
+        chain_breaks=len(breaks),
+        truncated=truncated,
+    )
+
+
+def excluded_row(prompt_ids: Sequence[int], stop_id: int, reason: str) -> TrainingRow:
+    """A row that carries no reward and no loss: the prompt, one masked stop token."""
+    if not prompt_ids:
+        raise TokenFidelityError(f"an excluded rollout ({reason}) needs a non-empty prompt")
+    return TrainingRow(
+        prompt_ids=list(prompt_ids),
+        completion_ids=[stop_id],
+        logprobs=[ENV_LOGPROB],
+        env_mask=[0],
+        reward=None,
+        excluded=reason,
+    )
+
+
+def _break(index: int, history: Sequence[int], prompt: Sequence[int]) -> ChainBreak:
+    position = next(
+        (i for i, (a, b) in enumerate(zip(history, prompt, strict=False)) if a != b),
+        min(len(history), len(prompt)),
+    )
+    return ChainBreak(
+        index,
+        position,
+        tuple(history[position : position + 4]),
+        tuple(prompt[position : position + 4]),
+    )

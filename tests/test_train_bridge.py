@@ -1,0 +1,194 @@
+"""Token fidelity end to end: a multi-turn tool-calling rollout served by the tiny model
+through the real path (rollout server process, protocol, policy proxy, local policy).
+
+The rows are built from what the proxy recorded and checked against what the model and the
+environment actually produced: model tokens are the sampled ids, the tool turn between the
+calls is masked, and an agent that edits its own history yields a counted chain break.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="needs the 'train' extra: pip install \"osmosis-ai[train]\"")
+pytest.importorskip("transformers", reason="needs the 'train' extra")
+
+from osmosis_ai.controller.dispatch import DispatchRequest
+from osmosis_ai.controller.policy import LocalPolicy
+from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
+from osmosis_ai.train.errors import TokenFidelityError
+from osmosis_ai.train.tiny_model import build_tiny_model
+from osmosis_ai.train.tokens import build_row, split_chains, usable_calls
+
+MAX_TOKENS = 3
+
+TOOL_ROLLOUT = '''
+"""Two model calls with a multiply tool turn between them; metadata.mode "edit" makes the
+agent rewrite its own first answer before the second call (history drift)."""
+from __future__ import annotations
+
+import functools
+
+from osmosis_ai.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, get_rollout_context,
+)
+from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
+
+TOOLS = [{"type": "function", "function": {"name": "multiply", "parameters": {
+    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
+
+
+@functools.cache
+def client():
+    return async_client(timeout=60.0)
+
+
+class ToolWorkflow(AgentWorkflow):
+    async def run(self, ctx):
+        rollout = get_rollout_context()
+        url = rollout.chat_completions_url + "/chat/completions"
+        headers = {"Authorization": f"Bearer {rollout.api_key}"}
+        messages = list(ctx.prompt)
+        seed = int((ctx.metadata or {}).get("seed", 0))
+        for turn in range(2):
+            body = {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64,
+                    "seed": seed * 10 + turn, "temperature": 0.0}
+            response = await client().post(url, json=body, headers=headers)
+            response.raise_for_status()
+            message = response.json()["choices"][0]["message"]
+            if (ctx.metadata or {}).get("mode") == "edit":
+                message = {"role": "assistant", "content": "Note: " + (message.get("content") or "")}
+            messages.append(message)
+            if turn == 0:
+                messages.append({"role": "tool", "tool_call_id": "call_0", "content": "42"})
+        return AgentWorkflowOutput(messages=messages)
+
+
+class AlwaysOne(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+
+
+app = create_rollout_server(
+    backend=LocalBackend(workflow=ToolWorkflow, grader=AlwaysOne), configure_logging=False,
+    save_trajectories=False,
+)
+
+if __name__ == "__main__":
+    run_rollout_server(app, log_level="warning")
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("bridge") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def served(tiny: Path, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("ws")
+    rollout = root / "rollouts" / "tool"
+    rollout.mkdir(parents=True)
+    (rollout / "main.py").write_text(textwrap.dedent(TOOL_ROLLOUT))
+    policy = LocalPolicy(tiny, seed=0)
+    upstream = TrainingUpstream(temperature=1.0, top_p=1.0, max_tokens=MAX_TOKENS)
+    upstream.serve_local(policy)
+    bridge = RolloutBridge(
+        rollout_dir=rollout,
+        entrypoint=rollout / "main.py",
+        artifact_root=root / "artifacts",
+        upstream=upstream,
+    ).start()
+    yield policy, bridge
+    bridge.close()
+
+
+def requests(mode: str, count: int) -> list[DispatchRequest]:
+    return [
+        DispatchRequest(
+            initial_messages=[{"role": "user", "content": "What is 6 times 7?"}],
+            label="42",
+            metadata={"mode": mode, "seed": i},
+            agent_timeout_sec=60,
+            grader_timeout_sec=30,
+        )
+        for i in range(count)
+    ]
+
+
+def test_multi_turn_rows_hold_the_sampled_ids_and_mask_the_tool_turn(served):
+    policy, bridge = served
+    outcomes = bridge.run(requests("faithful", 12))
+    assert all(o.kind == "result" and o.sample is not None for o in outcomes)
+    clean = 0
+    for outcome in outcomes:
+        calls = usable_calls(outcome.rollout_id, outcome.calls)
+        assert len(calls) == 2
+        first, second = calls
+        # The run's sampling settings win over the agent's: at most MAX_TOKENS new tokens.
+        assert all(1 <= len(c.completion_token_ids or []) <= MAX_TOKENS for c in calls)
+        # What the proxy recorded is what the model saw: the chat template's rendering.
+        expected_prompt = policy.encode(
+            policy.render([{"role": "user", "content": "What is 6 times 7?"}], tools=_TOOLS)
+        )
+        assert first.prompt_token_ids == expected_prompt
+        row = build_row(outcome.rollout_id, outcome.calls, 1.0, max_response_length=4096)
+        assert row is not None
+        history = [*(first.prompt_token_ids or []), *(first.completion_token_ids or [])]
+        if (second.prompt_token_ids or [])[: len(history)] != history:
+            # The re-rendered answer did not re-tokenize to the sampled ids: never spliced,
+            # the row is one call's recorded prompt and completion, the other is counted.
+            assert row.chain_breaks == 1 and row.dropped_calls == 1
+            assert (row.prompt_ids, row.completion_ids) in [
+                (c.prompt_token_ids, c.completion_token_ids) for c in calls
+            ]
+            continue
+        assert row.prompt_ids == expected_prompt
+        clean += 1
+        environment = (second.prompt_token_ids or [])[len(history) :]
+        sampled = [
+            *(first.completion_token_ids or []),
+            *environment,
+            *(second.completion_token_ids or []),
+        ]
+        assert row.completion_ids == sampled
+        assert row.env_mask == (
+            [1] * len(first.completion_token_ids or [])
+            + [0] * len(environment)
+            + [1] * len(second.completion_token_ids or [])
+        )
+        # The masked span is the tool turn: its text is the tool result in the template.
+        text = policy.tokenizer.decode(environment)
+        assert "tool\n42" in text and text.rstrip().endswith("assistant")
+        model = [lp for lp, m in zip(row.logprobs, row.env_mask, strict=True) if m]
+        assert model == [*(first.logprobs or []), *(second.logprobs or [])]
+    assert clean >= 1
+
+
+def test_an_agent_that_edits_its_history_is_caught(served):
+    _policy, bridge = served
+    for outcome in bridge.run(requests("edit", 3)):
+        chains, breaks = split_chains(usable_calls(outcome.rollout_id, outcome.calls))
+        assert len(chains) == 2 and len(breaks) == 1
+        row = build_row(outcome.rollout_id, outcome.calls, 1.0, max_response_length=4096)
+        assert row is not None and row.chain_breaks == 1 and row.calls == 1
+        with pytest.raises(TokenFidelityError, match="append-only"):
+            build_row(outcome.rollout_id, outcome.calls, 1.0, max_response_length=4096, strict=True)
+
+
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "multiply",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            },
+        },
+    }
+]

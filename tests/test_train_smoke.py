@@ -1,0 +1,242 @@
+"""Training through the full path on the tiny model: the bundled copy-digit template's
+rollout server, the protocol, the policy proxy, the grader and TRL's GRPO.
+
+The default smoke runs a few steps through ``osmosis --json train run`` and checks the
+run directory; resume, Ctrl-C, kill -9 and a grader without rewards are ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="needs the 'train' extra: pip install \"osmosis-ai[train]\"")
+pytest.importorskip("trl", reason="needs the 'train' extra: pip install \"osmosis-ai[train]\"")
+
+from cli_support import invoke
+from osmosis_ai.train.demo import setup_workspace
+from osmosis_ai.train.errors import NoRewardError
+from osmosis_ai.train.plan import TrainRunOptions
+from osmosis_ai.train.runner import run_training
+from osmosis_ai.train.tiny_model import build_tiny_model
+
+SMOKE_CONFIG = """
+[experiment]
+rollout = "copy-digit"
+entrypoint = "main.py"
+model_path = "local:models/tiny"
+dataset = "copy-digit"
+
+[training]
+lr = 3e-4
+total_epochs = 4
+n_samples_per_prompt = 4
+rollout_batch_size = 4
+max_prompt_length = 64
+max_response_length = 4
+agent_workflow_timeout_s = 60
+grader_timeout_s = 30
+seed = 0
+
+[checkpoints]
+eval_interval = 2
+checkpoint_save_freq = 2
+
+[warmup]
+sft_steps = 5
+batch_size = 8
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("smoke-model") / "tiny")
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, model_dir: Path) -> Path:
+    setup_workspace(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny").symlink_to(model_dir)
+    (tmp_path / "configs" / "training" / "smoke.toml").write_text(SMOKE_CONFIG)
+    return tmp_path
+
+
+def options(workspace: Path, **overrides: object) -> TrainRunOptions:
+    values: dict[str, object] = {
+        "config_path": workspace / "configs" / "training" / "smoke.toml",
+        "cwd": workspace,
+        "eval_rows": 4,
+        "torch_threads": 1,
+        "handle_signals": False,
+    }
+    values.update(overrides)
+    return TrainRunOptions(**values)  # type: ignore[arg-type]
+
+
+def metrics(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_cli_smoke_trains_and_writes_a_loadable_checkpoint(workspace: Path, capsys, monkeypatch):
+    monkeypatch.chdir(workspace)
+    outcome = invoke(
+        capsys,
+        "--json",
+        "train",
+        "run",
+        "configs/training/smoke.toml",
+        "--max-steps",
+        "3",
+        "--eval-rows",
+        "4",
+        "--threads",
+        "1",
+        "--name",
+        "smoke",
+    )
+    assert outcome.code == 0, outcome.err
+    envelope = outcome.json()
+    assert envelope["operation"] == "train.run" and envelope["status"] == "success"
+    resource = envelope["resource"]
+    assert resource["steps_done"] == 3 and resource["warmup_steps"] == 5
+    run_dir = Path(resource["output_path"])
+    assert run_dir == workspace / ".osmosis" / "training" / "smoke"
+
+    records = metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for record in records:
+        for key in ("training_reward", "entropy", "response_length", "rollouts_per_s"):
+            assert isinstance(record[key], float) and math.isfinite(record[key]), key
+        assert record["rollouts"] == 16 and record["policy_version_lag"] == 0
+        assert 0.0 <= record["frac_reward_zero_std"] <= 1.0
+    assert records[1]["validation_reward"] is not None  # eval_interval = 2
+    assert [v["step"] for v in resource["validation"]] == [0, 2, 3]
+
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["step-000002", "step-000003"]
+    for name in ("run.json", "config.toml", "inputs.json", "logs.txt", "warmup/config.json"):
+        assert (run_dir / name).is_file(), name
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "success"
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = run_dir / "checkpoints" / "step-000003"
+    tokenizer = AutoTokenizer.from_pretrained(final, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Copy: 7"}], add_generation_prompt=True, return_tensors="pt"
+    )
+    ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=2, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+
+
+@pytest.mark.slow
+def test_resume_continues_with_the_same_data_order(workspace: Path):
+    first = run_training(options(workspace, name="r", max_steps=2))
+    assert first.status == "success" and first.steps_done == 2
+    again = run_training(options(workspace, name="r", max_steps=4, resume=True))
+    assert again.resumed and again.steps_done == 4 and again.warmup_steps == 0
+    assert [r["step"] for r in metrics(again.run_dir)] == [1, 2, 3, 4]
+    inputs = json.loads((again.run_dir / "run.json").read_text())
+    assert inputs["invocations"] == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_and_stops(workspace: Path):
+    def interrupt(event: object) -> None:
+        if type(event).__name__ == "StepEvent" and getattr(event, "step", 0) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    result = run_training(options(workspace, name="c", handle_signals=True), interrupt)
+    assert result.status == "interrupted"
+    assert result.steps_done == 2  # the step in flight finishes, then the run stops
+    assert (result.run_dir / "checkpoints" / "step-000002").is_dir()
+    assert (result.run_dir / "resume" / "checkpoint-2" / "trainer_state.json").is_file()
+    assert json.loads((result.run_dir / "run.json").read_text())["status"] == "interrupted"
+    done = run_training(options(workspace, name="c", resume=True, max_steps=3))
+    assert done.steps_done == 3 and [r["step"] for r in metrics(done.run_dir)] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_kill_9_loses_at_most_the_current_step(workspace: Path):
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from osmosis_ai.train.plan import TrainRunOptions\n"
+        "from osmosis_ai.train.runner import run_training\n"
+        "ws = Path(sys.argv[1])\n"
+        "run_training(TrainRunOptions(config_path=ws / 'configs/training/smoke.toml', cwd=ws,"
+        " name='k', eval_rows=4, torch_threads=1))\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, str(workspace)], start_new_session=True)
+    run_dir = workspace / ".osmosis" / "training" / "k"
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline:
+            path = run_dir / "metrics.jsonl"
+            if path.is_file() and len(path.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the child never reached step 3")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # its rollout server (own session) is orphaned
+        child.wait()
+    orphan = json.loads((run_dir / "rollout-server.json").read_text())["pid"]
+    logged = len(metrics(run_dir))
+    saved = [
+        int(p.name.rpartition("-")[2])
+        for p in (run_dir / "resume").iterdir()
+        if (p / "trainer_state.json").is_file()
+    ]
+    assert max(saved) >= logged - 1  # at most the step in flight is lost
+    resumed = run_training(options(workspace, name="k", resume=True, max_steps=logged + 1))
+    assert [r["step"] for r in metrics(resumed.run_dir)] == list(range(1, logged + 2))
+    assert resumed.steps_done == logged + 1
+    with pytest.raises(ProcessLookupError):  # the resume stopped the orphaned server
+        os.kill(orphan, 0)
+    assert not (run_dir / "rollout-server.json").exists()
+
+
+@pytest.mark.slow
+def test_a_grader_that_never_sets_a_reward_stops_the_run(workspace: Path):
+    main = workspace / "rollouts" / "copy-digit" / "main.py"
+    main.write_text(main.read_text().replace("ctx.set_reward(1.0 if", "(1.0 if"))
+    with pytest.raises(NoRewardError, match="set_reward"):
+        run_training(options(workspace, name="g", max_steps=1))
+    run = json.loads((workspace / ".osmosis/training/g/run.json").read_text())
+    assert run["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_cli_demo_sets_up_the_workspace_and_trains(tmp_path: Path, capsys):
+    demo = tmp_path / "demo"
+    outcome = invoke(
+        capsys, "--json", "train", "run", "--demo", "--demo-dir", str(demo), "--max-steps", "2"
+    )
+    assert outcome.code == 0, outcome.err
+    resource = outcome.json()["resource"]
+    assert resource["steps_done"] == 2 and resource["warmup_steps"] == 60
+    assert [v["step"] for v in resource["validation"]] == [0, 2]
+    assert all(v["rollouts"] == 40 for v in resource["validation"])  # 10 rows x 4 samples
+    for name in (
+        "rollouts/copy-digit/main.py",
+        "configs/training/copy-digit.toml",
+        "configs/eval/copy-digit.toml",
+        "data/copy-digit.jsonl",
+        "models/tiny/config.json",
+    ):
+        assert (demo / name).is_file(), name
+    assert Path(resource["plot_path"]).is_file()
