@@ -40,7 +40,10 @@ RETRY_AFTER_DEFAULT_SEC = 1.0
 TRANSPORT_RETRY_DELAYS = (0.1, 0.5)
 GATEWAY_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 _GATEWAY_STATUSES = frozenset({502, 503, 504})
-_TRANSPORT_ERRORS = (httpx.RemoteProtocolError, httpx.NetworkError, httpx.ReadTimeout)
+# Polls are idempotent, so any transport failure is retried (within the schedule). Broader
+# than dropped connections and read timeouts on purpose: the aiohttp-backed transport of
+# rollout.http reports a server disconnect as a connect timeout.
+_TRANSPORT_ERRORS = (httpx.TransportError,)
 _M = TypeVar("_M", bound=BaseModel)
 _Send = Callable[..., Awaitable[httpx.Response]]
 
