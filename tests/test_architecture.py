@@ -12,12 +12,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "osmosis_ai"
 # area -> areas it may import (besides itself). Leaves: errors, consts.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "events": set(),
     "consts": set(),
     "rollout": {"errors", "consts"},
     "workspace": {"errors", "consts"},
     "controller": {"rollout", "errors", "consts"},
-    "eval": {"controller", "rollout", "workspace", "errors", "consts"},
-    "train": {"controller", "rollout", "workspace", "errors", "consts"},
+    "eval": {"controller", "rollout", "workspace", "events", "errors", "consts"},
+    "train": {"controller", "rollout", "workspace", "events", "errors", "consts"},
     "platform": {"eval", "train", "controller", "rollout", "workspace", "errors", "consts"},
     "testing": {"rollout", "controller", "errors", "consts"},
     "cli": {

@@ -27,8 +27,12 @@ from osmosis_ai.eval.projections import (
     Projector,
     RunProgress,
 )
+from osmosis_ai.events import LogEvent, StageEvent, WarningEvent
 
 REFRESH_INTERVAL_SEC = 0.5
+
+# A stage line of the run; the shared event under the name eval has always used.
+MilestoneEvent = StageEvent
 
 
 @dataclass(frozen=True)
@@ -36,28 +40,6 @@ class PlanEvent:
     """The plan is resolved; nothing has started yet."""
 
     plan: EvalPlan
-
-
-@dataclass(frozen=True)
-class MilestoneEvent:
-    """A stage began or ended (``starting rollout server (main.py)``)."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class WarningEvent:
-    """A non-fatal problem with a stable ``code``."""
-
-    code: str
-    message: str
-
-
-@dataclass(frozen=True)
-class LogEvent:
-    """One ``logs.txt`` line (redacted), sent only with ``verbose``."""
-
-    line: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,27 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-@dataclass(frozen=True)
-class StageEvent:
-    """A stage began or ended (``starting rollout server (main.py)``)."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class WarningEvent:
-    """A non-fatal problem with a stable ``code``."""
-
-    code: str
-    message: str
-
-
-@dataclass(frozen=True)
-class LogEvent:
-    """One redacted log line, sent only with ``verbose``."""
-
-    line: str
+from osmosis_ai.events import LogEvent, StageEvent, WarningEvent
 
 
 @dataclass(frozen=True)
