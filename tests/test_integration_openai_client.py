@@ -27,6 +27,7 @@ from osmosis_ai.rollout import (
     SampleSource,
 )
 from osmosis_ai.rollout.client import RolloutClient
+from osmosis_ai.rollout.http import aclose_shared_transport, shared_transport
 from osmosis_ai.rollout.integrations import RolloutBindingError, openai_client
 from osmosis_ai.rollout.integrations.openai_client import (
     ChatTranscriptSource,
@@ -189,6 +190,30 @@ async def test_clients_of_one_rollout_share_one_transcript():
     assert sample.trajectory_messages == sample.messages
     preview = await source.get_preview(1)
     assert preview is not None and [m["content"] for m in preview.messages] == ["second"]
+
+
+async def test_rollouts_share_the_loops_pool_and_closing_a_client_keeps_it():
+    async with ScriptedModelServer(["hello"], api_key=LLM_KEY) as model:
+        replies: list[str | None] = []
+        pools: list[object] = []
+        for rollout_id in ("r1", "r2"):
+            rollout = RolloutContext(
+                chat_completions_url=f"{model.url}/v1/rollouts/{rollout_id}",
+                api_key=LLM_KEY,
+                rollout_id=rollout_id,
+            )
+            with rollout:
+                async with rollout_openai_client(max_retries=0) as client:
+                    reply = await client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": rollout_id}]
+                    )
+                replies.append(reply.choices[0].message.content)
+                pools.append(shared_transport())  # after the rollout's client was closed
+        assert replies == ["hello", "hello"]
+        assert pools[0] is pools[1]
+        await aclose_shared_transport()
+        assert shared_transport() is not pools[0]
+        await aclose_shared_transport()
 
 
 async def test_failed_calls_are_not_recorded():

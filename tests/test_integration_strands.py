@@ -213,7 +213,8 @@ async def test_agent_is_the_sample_source_with_chat_shaped_trajectory():
                 callback_handler=None,
             )
             assert isinstance(agent.model, OpenAIModel)
-            assert agent.model.client_args["base_url"] == rollout.chat_completions_url
+            client = agent.model._custom_client  # pyright: ignore[reportPrivateUsage]
+            assert str(client.base_url).rstrip("/") == rollout.chat_completions_url
             await agent.invoke_async("val1 = 6\nval2 = 7")
             sample = await rollout.get_sample()
     assert isinstance(rollout.sample_source, StrandsAgentSampleSource)

@@ -1,17 +1,27 @@
-"""``async_client()``: an ``httpx.AsyncClient`` that stays fast under concurrency.
+"""HTTP clients that stay fast under concurrency.
 
 httpx's own connection pool costs O(connections²) per request, which dominates a server
 making hundreds of concurrent calls. When ``httpx-aiohttp`` is installed (extra
-``server``), the client keeps httpx's API but runs on aiohttp's connection pool.
+``server``), the clients keep httpx's API but run on aiohttp's connection pool.
+
+``async_client()`` makes a new client; ``shared_transport()`` is one pooled transport per
+event loop for code that would otherwise build a client (a TLS context, a pool, fresh
+connections) for every rollout, as agent frameworks do.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from typing import Any
 
 import httpx
 
 DEFAULT_MAX_CONNECTIONS = 512
+
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncBaseTransport] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def async_client(
@@ -43,3 +53,31 @@ def _aiohttp_transport(max_connections: int) -> httpx.AsyncBaseTransport | None:
         return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout())
 
     return AiohttpTransport(client=session)
+
+
+def shared_transport() -> httpx.AsyncBaseTransport:
+    """The running event loop's shared pooled transport, created on first use.
+
+    Wrap it rather than hand it to a client that closes its transport: it lives until
+    :func:`aclose_shared_transport` (the rollout server calls it at shutdown) or until its
+    loop is collected.
+    """
+    loop = asyncio.get_running_loop()
+    transport = _shared.get(loop)
+    if transport is None:
+        transport = _aiohttp_transport(DEFAULT_MAX_CONNECTIONS)
+        if transport is None:
+            limits = httpx.Limits(
+                max_connections=DEFAULT_MAX_CONNECTIONS,
+                max_keepalive_connections=DEFAULT_MAX_CONNECTIONS,
+            )
+            transport = httpx.AsyncHTTPTransport(limits=limits)
+        _shared[loop] = transport
+    return transport
+
+
+async def aclose_shared_transport() -> None:
+    """Close the running loop's shared transport, if it has one; the next use makes a new one."""
+    transport = _shared.pop(asyncio.get_running_loop(), None)
+    if transport is not None:
+        await transport.aclose()

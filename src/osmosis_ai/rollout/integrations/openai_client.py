@@ -24,6 +24,7 @@ except ModuleNotFoundError as exc:
     raise MissingExtraError("openai-agents", "the OpenAI client integration", exc.name) from exc
 
 from osmosis_ai.rollout.context import RolloutContext, SampleSource
+from osmosis_ai.rollout.http import shared_transport
 from osmosis_ai.rollout.integrations import (
     NO_API_KEY,
     check_bound_rollout,
@@ -44,7 +45,6 @@ logger = logging.getLogger(__name__)
 
 _CHAT_SUFFIX = "/chat/completions"
 _TIMEOUT = httpx.Timeout(600.0, connect=5.0)  # the openai SDK's default
-_ONE_SHOT = httpx.Limits(max_connections=1000, max_keepalive_connections=0)
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,10 @@ def bound_http_client(
 ) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` for ``rollout``'s model calls, recording into ``transcript``.
 
-    It keeps no idle connection (one per request, as Strands' OpenAI provider does), so
-    nothing outlives the rollout however late the client is collected, and it refuses chat
-    calls made while another rollout is active.
+    Its requests go over the event loop's shared pool (:func:`shared_transport`), so a
+    client per rollout costs no TLS context and no new connections, and closing it (or
+    collecting it late, as agent frameworks' reference cycles do) holds or closes nothing
+    shared. It refuses chat calls made while another rollout is active.
     """
     options.setdefault("timeout", _TIMEOUT)
     options.setdefault("follow_redirects", True)
@@ -135,20 +136,20 @@ class _RolloutTransport(httpx.AsyncBaseTransport):
     """Checks the rollout on chat calls and tees their successful replies into the transcript."""
 
     def __init__(self, rollout: RolloutContext, transcript: ChatTranscriptSource | None) -> None:
-        self._inner = httpx.AsyncHTTPTransport(limits=_ONE_SHOT)
         self._rollout = rollout
         self._source = transcript
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        inner = shared_transport()  # the pool of the loop sending, whichever that is
         if request.method != "POST" or not request.url.path.endswith(_CHAT_SUFFIX):
-            return await self._inner.handle_async_request(request)
+            return await inner.handle_async_request(request)
         check_bound_rollout(self._rollout, "this rollout's OpenAI client")
         source = self._source
         if source is None:
-            return await self._inner.handle_async_request(request)
+            return await inner.handle_async_request(request)
         messages = _request_messages(request)
         request.headers["Accept-Encoding"] = "identity"  # the tee reads the body as sent
-        response = await self._inner.handle_async_request(request)
+        response = await inner.handle_async_request(request)
         stream = response.stream
         if messages is None or response.status_code != 200:
             return response
@@ -167,7 +168,7 @@ class _RolloutTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
+        """Nothing to close: the pool is the event loop's, shared by every rollout."""
 
 
 class _Tee(httpx.AsyncByteStream):

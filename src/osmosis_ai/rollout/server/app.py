@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from osmosis_ai.consts import PACKAGE_VERSION
 from osmosis_ai.rollout.backend.base import ExecutionBackend
-from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rollout.http import aclose_shared_transport, async_client
 from osmosis_ai.rollout.protocol import (
     POLLING_LEASE_HEADER,
     CancelRolloutsRequest,
@@ -127,6 +127,7 @@ def create_rollout_server(
             await runner().drain(drain_timeout_sec)
             await client.aclose()
             await backend.shutdown()
+            await aclose_shared_transport()
             runner_box.clear()
 
     app = FastAPI(title="osmosis rollout server", version=PACKAGE_VERSION, lifespan=server_lifespan)

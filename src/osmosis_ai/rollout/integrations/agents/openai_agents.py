@@ -106,7 +106,7 @@ class OsmosisLitellmModel(OpenAIChatCompletionsModel):
     def __init__(self, *, stream: bool = True, **client_options: Any) -> None:
         rollout = require_rollout("OsmosisLitellmModel")
         check_client_options(client_options, "OsmosisLitellmModel")
-        # no idle connections: agents live in reference cycles, collected long after the run
+        # a cheap client over the loop's shared pool: nothing of it outlives the rollout
         client_options.setdefault("http_client", cast(Any, bound_http_client(rollout)))
         client = AsyncOpenAI(
             base_url=rollout.chat_completions_url,

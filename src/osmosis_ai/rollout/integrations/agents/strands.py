@@ -74,17 +74,22 @@ class OsmosisRolloutModel(Model):
 
     def bind(self, rollout: RolloutContext | None = None) -> Model:
         """Strands' ``OpenAIModel`` at the endpoint of ``rollout`` (default: the active one)."""
-        from strands.models.openai import OpenAIModel  # imports openai: only when needed
+        # imports openai: only when needed
+        from openai import AsyncOpenAI
+        from strands.models.openai import OpenAIModel
+
+        from osmosis_ai.rollout.integrations.openai_client import bound_http_client
 
         rollout = rollout or require_rollout("OsmosisRolloutModel")
-
-        client_args = {
+        client_args: dict[str, Any] = {
+            # over the loop's shared pool: Strands would build a client per request
+            "http_client": bound_http_client(rollout),
             **self.client_args,
             "base_url": rollout.chat_completions_url,
             "api_key": rollout.api_key or NO_API_KEY,
         }
         config: dict[str, Any] = {"model_id": ROLLOUT_MODEL, **self.config}
-        return OpenAIModel(client_args=client_args, **config)
+        return OpenAIModel(client=AsyncOpenAI(**client_args), **config)
 
     def structured_output(self, *args: Any, **kwargs: Any) -> Any:
         raise UnboundPlaceholderError(_PLACEHOLDER_CALLED)
