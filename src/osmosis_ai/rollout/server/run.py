@@ -34,10 +34,13 @@ def run_rollout_server(
     The port comes from ``port``, else ``$_OSMOSIS_ROLLOUT_PORT``, else 8000; the host from
     ``host``, else ``$OSMOSIS_ROLLOUT_HOST``, else 127.0.0.1 (loopback only: set
     ``OSMOSIS_ROLLOUT_HOST=0.0.0.0`` to accept remote controllers, ideally with an api_key).
+    uvicorn's per-request access log is off: a controller makes several requests per rollout
+    and journals each rollout itself, so the log would cost CPU and bury the lines that
+    matter; pass ``access_log=True`` to have it back.
     """
     import uvicorn
 
-    options: dict[str, Any] = {"log_level": "info", "timeout_keep_alive": 2160}
+    options: dict[str, Any] = {"log_level": "info", "timeout_keep_alive": 2160, "access_log": False}
     options.update(uvicorn_options)
     uvicorn.run(
         app,

@@ -1,0 +1,77 @@
+"""``run_rollout_server``: the entrypoint convention, run as a user runs it (a real process)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from osmosis_ai.testing.serving import free_port
+
+pytest.importorskip("uvicorn", reason="run_rollout_server needs the server extra (uvicorn)")
+
+ENTRYPOINT = textwrap.dedent(
+    """
+    import sys
+
+    from osmosis_ai.rollout import AgentWorkflow, LocalBackend
+    from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
+
+
+    class Idle(AgentWorkflow):
+        async def run(self, ctx):
+            return None
+
+
+    options = {"access_log": True} if "--access-log" in sys.argv else {}
+    run_rollout_server(create_rollout_server(backend=LocalBackend(workflow=Idle)), **options)
+    """
+)
+
+
+def serve_and_poll(tmp_path: Path, *args: str) -> str:
+    """Start the entrypoint on a free port, GET /health a few times, stop it; its output."""
+    script = tmp_path / "main.py"
+    script.write_text(ENTRYPOINT)
+    port = free_port()
+    env = {**os.environ, "_OSMOSIS_ROLLOUT_PORT": str(port)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        answered = 0
+        with httpx.Client(timeout=2) as client:
+            while answered < 3 and time.monotonic() < deadline:
+                assert proc.poll() is None, proc.communicate()[0]
+                try:
+                    answered += client.get(f"http://127.0.0.1:{port}/health").status_code == 200
+                except httpx.TransportError:
+                    time.sleep(0.05)
+        assert answered == 3, "the rollout server never answered /health"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    return output
+
+
+def test_serves_on_the_port_env_with_startup_logs_and_no_access_log(tmp_path: Path):
+    output = serve_and_poll(tmp_path)
+    assert "Uvicorn running on http://127.0.0.1:" in output
+    assert "GET /health" not in output
+
+
+def test_access_log_comes_back_on_request(tmp_path: Path):
+    output = serve_and_poll(tmp_path, "--access-log")
+    assert output.count("GET /health") == 3
