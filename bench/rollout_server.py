@@ -1,15 +1,18 @@
 """Rollout-server benchmark: our server against a do-nothing ceiling, one table, one run.
 
 Measures ``import osmosis_ai.rollout`` in fresh interpreters, starts the scripted model
-(0 ms and 50 ms latency; a multiply tool call, then ``#### 42``), the bare rollout server
-(``bench/rollouts/bare/main.py``) and the trivial server (``bench/trivial_server.py``), each
-in its own process, then runs ``bench/loadgen.py`` (its own process too) for every
-generation x concurrency against the ceiling and against ours at each model latency,
-sampling the servers' RSS and CPU. Prints the table and the targets, as ratios to the
-ceiling measured in the same run::
+(0 ms and 50 ms latency; a multiply tool call, then ``#### 42``), the rollout servers and
+the trivial server (``bench/trivial_server.py``), each in its own process, then runs
+``bench/loadgen.py`` (its own process too) for every generation x concurrency against the
+ceiling and against each workflow, sampling the servers' RSS and CPU. Workflows: ``bare``
+(``bench/rollouts/bare/main.py``, at each model latency) and the bundled multiply templates
+``openai-agents`` and ``strands`` (unmodified template code, 0 ms model), each also served
+by another osmosis-ai build when ``--baseline-python`` names an interpreter that has one.
+Prints the table and the targets, as ratios measured in the same run::
 
     python bench/rollout_server.py [--quick] [--generations polling,callback]
-                                   [--url URL] [--json out.json]
+                                   [--workflows bare,openai-agents,strands]
+                                   [--baseline-python PATH] [--url URL] [--json out.json]
 """
 
 from __future__ import annotations
@@ -51,6 +54,13 @@ TARGET_IMPORT_MS = 150.0
 TARGET_P50_MS = 10.0
 TARGET_RATIO = 0.5
 TARGET_RSS_MIB = 150.0
+TARGET_FRAMEWORK_SPEEDUP = 5.0
+TEMPLATES = BENCH.parent / "src" / "osmosis_ai" / "templates"
+FRAMEWORKS = {  # workflow -> (bundled template, the module its framework needs)
+    "openai-agents": ("multiply-local-openai", "agents"),
+    "strands": ("multiply-local-strands", "strands"),
+}
+WORKFLOWS = ("bare", *FRAMEWORKS)
 
 
 @dataclass
@@ -66,19 +76,24 @@ class Settings:
     json_path: Path | None
     model_clients: int
     rollout_timeout: float
+    workflows: list[str] = field(default_factory=lambda: list(WORKFLOWS))
+    baseline_python: str | None = None
+    baseline_generations: list[str] = field(default_factory=lambda: ["polling"])
 
 
 @dataclass
 class Cell:
     generation: str
-    server: str  # "ours" | "ceiling"
+    server: str  # "ours" | "ceiling" | "baseline"
     concurrency: int
     model_latency_ms: float | None
     result: dict[str, Any]
     rss_start_mib: float | None
     rss_peak_mib: float | None
     server_cpu_ms_per_rollout: float | None
-    ratio: float | None = None
+    ratio: float | None = None  # to the ceiling
+    workflow: str = "-"
+    speedup: float | None = None  # ours / baseline, same workflow, generation, concurrency
 
     @property
     def rate(self) -> float:
@@ -148,8 +163,10 @@ class Processes:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, what: str) -> None:
-    deadline = time.monotonic() + 30.0
+def wait_healthy(
+    url: str, proc: subprocess.Popen[bytes] | None, what: str, limit_s: float = 30.0
+) -> None:
+    deadline = time.monotonic() + limit_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
@@ -158,7 +175,7 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, what: str) -> N
                 if client.get(f"{url}/health").status_code == 200:
                     return
             time.sleep(0.05)
-    raise RuntimeError(f"{what} at {url} did not answer GET /health within 30 s")
+    raise RuntimeError(f"{what} at {url} did not answer GET /health within {limit_s:g} s")
 
 
 class Sampler:
@@ -262,6 +279,7 @@ def run_cell(
     latency: float | None,
     procs: Processes,
     expect_reward: bool,
+    workflow: str = "-",
 ) -> Cell:
     argv = [
         PYTHON,
@@ -314,6 +332,7 @@ def run_cell(
         rss_start_mib=sampler.start_rss,
         rss_peak_mib=sampler.peak_rss,
         server_cpu_ms_per_rollout=cpu_ms,
+        workflow=workflow,
     )
 
 
@@ -332,6 +351,79 @@ def environment() -> dict[str, Any]:
 
 
 # -- the run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """One rollout server under test: a workflow served by ours or by the baseline build."""
+
+    workflow: str
+    server: str  # "ours" | "baseline"
+    url: str
+    pid: int | None
+    proc: subprocess.Popen[bytes] | None
+    latencies: list[float]
+
+
+def workflow_script(workflow: str) -> Path:
+    if workflow == "bare":
+        return BENCH / "rollouts" / "bare" / "main.py"
+    template = FRAMEWORKS[workflow][0]
+    return TEMPLATES / template / "rollouts" / template / "main.py"
+
+
+def runnable_workflows(settings: Settings) -> list[str]:
+    """The requested workflows whose framework is installed here; says which are skipped."""
+    chosen: list[str] = []
+    for workflow in settings.workflows:
+        module = FRAMEWORKS[workflow][1] if workflow in FRAMEWORKS else None
+        if module is not None and importlib.util.find_spec(module) is None:
+            print(
+                f"skipping the {workflow} workflow: `{module}` is not installed here "
+                f"(pip install -e '.[{workflow}]')"
+            )
+            continue
+        chosen.append(workflow)
+    return chosen
+
+
+def start_servers(
+    settings: Settings, generation: str, procs: Processes, artifacts: Path
+) -> list[Server]:
+    """Every server of one generation, started and healthy (fresh state per generation)."""
+    if settings.url is not None:
+        url = settings.url.rstrip("/")
+        pid = settings.server_pid or pid_listening_on(url)
+        return [Server("url", "ours", url, pid, None, settings.latencies)]
+    servers: list[Server] = []
+    for workflow in runnable_workflows(settings):
+        builds = [("ours", PYTHON)]
+        if (
+            workflow in FRAMEWORKS
+            and settings.baseline_python
+            and generation in settings.baseline_generations
+        ):
+            builds.append(("baseline", settings.baseline_python))
+        for server, python in builds:
+            port = free_port()
+            name = f"{workflow}-{server}-{generation}"
+            proc = procs.start(
+                name,
+                [python, str(BENCH / "serve_template.py"), str(workflow_script(workflow))],
+                env={
+                    "_OSMOSIS_ROLLOUT_PORT": str(port),
+                    "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": str(artifacts / name),
+                    "BENCH_MODEL_CLIENTS": str(settings.model_clients),
+                    # offline: LiteLLM (in the original build) would retry a download
+                    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                },
+            )
+            url = f"http://127.0.0.1:{port}"
+            # the original build imports LiteLLM at start-up: 12-15 s here when idle
+            wait_healthy(url, proc, f"{name} rollout server", 30.0 if server == "ours" else 300.0)
+            latencies = settings.latencies if workflow == "bare" else settings.latencies[:1]
+            servers.append(Server(workflow, server, url, proc.pid, proc, latencies))
+    return servers
 
 
 def benchmark(settings: Settings, report: Report, procs: Processes, artifacts: Path) -> None:
@@ -361,24 +453,7 @@ def benchmark(settings: Settings, report: Report, procs: Processes, artifacts: P
     first_chat = models[settings.latencies[0]]
 
     for generation in settings.generations:
-        ours: subprocess.Popen[bytes] | None = None
-        if settings.url is None:
-            port = free_port()
-            ours = procs.start(
-                f"bare-{generation}",
-                [PYTHON, str(BENCH / "rollouts" / "bare" / "main.py")],
-                env={
-                    "_OSMOSIS_ROLLOUT_PORT": str(port),
-                    "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": str(artifacts / generation),
-                    "BENCH_MODEL_CLIENTS": str(settings.model_clients),
-                },
-            )
-            ours_url = f"http://127.0.0.1:{port}"
-            wait_healthy(ours_url, ours, "bare rollout server")
-            ours_pid: int | None = ours.pid
-        else:
-            ours_url = settings.url.rstrip("/")
-            ours_pid = settings.server_pid or pid_listening_on(ours_url)
+        servers = start_servers(settings, generation, procs, artifacts)
         for concurrency in settings.concurrencies:
             ceiling = run_cell(
                 settings,
@@ -394,31 +469,41 @@ def benchmark(settings: Settings, report: Report, procs: Processes, artifacts: P
             )
             report.cells.append(ceiling)
             print_row(ceiling)
-            for latency in settings.latencies:
-                cell = run_cell(
-                    settings,
-                    generation,
-                    "ours",
-                    ours_url,
-                    ours_pid,
-                    concurrency,
-                    models[latency],
-                    latency,
-                    procs,
-                    expect_reward=settings.url is None,
-                )
-                cell.ratio = cell.rate / ceiling.rate if ceiling.rate > 0 else None
-                report.cells.append(cell)
-                print_row(cell)
-        if ours is not None:
-            procs.stop(ours)
-            shutil.rmtree(artifacts / generation, ignore_errors=True)
+            for server in servers:
+                for latency in server.latencies:
+                    cell = run_cell(
+                        settings,
+                        generation,
+                        server.server,
+                        server.url,
+                        server.pid,
+                        concurrency,
+                        models[latency],
+                        latency,
+                        procs,
+                        expect_reward=settings.url is None,
+                        workflow=server.workflow,
+                    )
+                    cell.ratio = cell.rate / ceiling.rate if ceiling.rate > 0 else None
+                    if server.server == "baseline":
+                        mine = _find(
+                            report, generation, "ours", concurrency, latency, server.workflow
+                        )
+                        if mine is not None and cell.rate > 0:
+                            mine.speedup = mine.rate / cell.rate
+                    report.cells.append(cell)
+                    print_row(cell)
+        for server in servers:
+            if server.proc is not None:
+                procs.stop(server.proc)
+        shutil.rmtree(artifacts, ignore_errors=True)
 
 
 # -- output ----------------------------------------------------------------------------------
 
 COLUMNS = [
     ("generation", 10),
+    ("workflow", 13),
     ("model", 6),
     ("conc", 5),
     ("server", 8),
@@ -431,6 +516,7 @@ COLUMNS = [
     ("vs ceiling", 11),
     ("srv CPU ms/r", 13),
     ("gen CPU", 8),
+    ("vs baseline", 11),
 ]
 
 
@@ -457,6 +543,7 @@ def row(cell: Cell) -> str:
         errors += f" (+{res['retried_429']} 429)"
     values = [
         cell.generation,
+        cell.workflow,
         "-" if cell.model_latency_ms is None else f"{cell.model_latency_ms:g}ms",
         str(cell.concurrency),
         cell.server,
@@ -469,6 +556,7 @@ def row(cell: Cell) -> str:
         "-" if cell.ratio is None else f"{100 * cell.ratio:.0f}%",
         _fmt(cell.server_cpu_ms_per_rollout, 2),
         "-" if res.get("generator_cpu_pct") is None else f"{res['generator_cpu_pct']:.0f}%",
+        "-" if cell.speedup is None else f"{cell.speedup:.2f}x",
     ]
     return "  ".join(f"{v:>{w}}" for v, (_, w) in zip(values, COLUMNS, strict=True))
 
@@ -482,14 +570,23 @@ def print_row(cell: Cell) -> None:
             print(f"{'':>12}! {count} x {kind}: {examples.get(kind, cell.result.get('log', ''))}")
 
 
-def _find(report: Report, generation: str, server: str, conc: int, latency: float | None) -> Any:
+def _find(
+    report: Report,
+    generation: str,
+    server: str,
+    conc: int,
+    latency: float | None,
+    workflow: str = "-",
+) -> Any:
+    key = (generation, server, conc, latency, workflow)
     for cell in report.cells:
-        if (cell.generation, cell.server, cell.concurrency, cell.model_latency_ms) == (
-            generation,
-            server,
-            conc,
-            latency,
-        ):
+        if (
+            cell.generation,
+            cell.server,
+            cell.concurrency,
+            cell.model_latency_ms,
+            cell.workflow,
+        ) == key:
             return cell
     return None
 
@@ -504,8 +601,9 @@ def evaluate(report: Report, settings: Settings) -> None:
             f"median {plain:.0f} ms (author import: {report.imports['author_median_ms']:.0f} ms)",
         )
     )
+    measured = "url" if settings.url is not None else "bare"
     for generation in settings.generations:
-        cell = _find(report, generation, "ours", 1, 0.0)
+        cell = _find(report, generation, "ours", 1, 0.0, measured)
         p50 = None if cell is None else cell.result.get("p50_ms")
         targets.append(
             Target(
@@ -514,7 +612,7 @@ def evaluate(report: Report, settings: Settings) -> None:
                 "not measured" if p50 is None else f"p50 {p50:.1f} ms",
             )
         )
-        cell = _find(report, generation, "ours", 64, 0.0)
+        cell = _find(report, generation, "ours", 64, 0.0, measured)
         ceiling = _find(report, generation, "ceiling", 64, None)
         ratio = None if cell is None else cell.ratio
         targets.append(
@@ -529,7 +627,10 @@ def evaluate(report: Report, settings: Settings) -> None:
         at_256 = [
             c
             for c in report.cells
-            if c.generation == generation and c.server == "ours" and c.concurrency == 256
+            if c.generation == generation
+            and c.server == "ours"
+            and c.workflow == measured
+            and c.concurrency == 256
         ]
         errors = sum(int(c.result.get("errors") or 0) for c in at_256)
         completed = sum(int(c.result.get("completed") or 0) for c in at_256)
@@ -540,7 +641,12 @@ def evaluate(report: Report, settings: Settings) -> None:
                 "not measured" if not at_256 else f"{errors} errors, {completed} completed",
             )
         )
-    peaks = [c.rss_peak_mib for c in report.cells if c.server == "ours" and c.rss_peak_mib]
+    evaluate_frameworks(report, settings)
+    peaks = [
+        c.rss_peak_mib
+        for c in report.cells
+        if c.server == "ours" and c.workflow == measured and c.rss_peak_mib
+    ]
     peak = max(peaks) if peaks else None
     targets.append(
         Target(
@@ -551,8 +657,37 @@ def evaluate(report: Report, settings: Settings) -> None:
     )
 
 
+def evaluate_frameworks(report: Report, settings: Settings) -> None:
+    """Framework workflows: ours against the baseline build at the same concurrency."""
+    for workflow in FRAMEWORKS:
+        for generation in settings.generations:
+            cells = [
+                c
+                for c in report.cells
+                if (c.workflow, c.generation, c.server) == (workflow, generation, "ours")
+            ]
+            if not cells:
+                continue
+            best = max(cells, key=lambda c: c.rate)
+            rates = ", ".join(f"c={c.concurrency} {c.rate:.1f}/s" for c in cells)
+            speedups = [c.speedup for c in cells if c.speedup is not None]
+            name = f"{generation} {workflow}: >= {TARGET_FRAMEWORK_SPEEDUP:g}x the baseline"
+            if not speedups:
+                why = (
+                    "--baseline-python not given"
+                    if settings.baseline_python is None
+                    else f"not in --baseline-generations {','.join(settings.baseline_generations)}"
+                )
+                figure = f"no baseline ({why}); ours {rates}"
+                report.targets.append(Target(name, None, figure))
+                continue
+            worst = min(speedups)
+            figure = f"{worst:.2f}x at worst; ours {rates}; peak {best.rate:.1f}/s"
+            report.targets.append(Target(name, worst >= TARGET_FRAMEWORK_SPEEDUP, figure))
+
+
 def print_targets(report: Report) -> None:
-    print("\ntargets (bare workflow, plain HTTP model calls)")
+    print("\ntargets (plain HTTP model calls)")
     for target in report.targets:
         verdict = {True: "PASS", False: "MISS", None: "n/a "}[target.passed]
         print(f"  {verdict}  {target.name:<52} {target.figure}")
@@ -583,7 +718,27 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument(
         "--rollout-timeout", type=float, default=30.0, help="a rollout slower than this errs"
     )
+    parser.add_argument(
+        "--workflows",
+        default=",".join(WORKFLOWS),
+        help=f"comma-separated, of {', '.join(WORKFLOWS)} (framework ones need their extra)",
+    )
+    parser.add_argument(
+        "--baseline-python",
+        help="an interpreter with another osmosis-ai build (e.g. the original) and the "
+        "frameworks installed: it serves the same template files, for the speed-up column",
+    )
+    parser.add_argument(
+        "--baseline-generations",
+        default="polling",
+        help="generations the baseline build speaks (default polling: the original 0.3.8 "
+        "serves only the polling generation)",
+    )
     args = parser.parse_args(argv)
+    workflows = [w.strip() for w in args.workflows.split(",") if w.strip()]
+    unknown = sorted(set(workflows) - set(WORKFLOWS))
+    if unknown or not workflows:
+        parser.error(f"--workflows takes {', '.join(WORKFLOWS)}; got {args.workflows!r}")
     generations = [g.strip() for g in args.generations.split(",") if g.strip()]
     if not generations or any(g not in ("polling", "callback") for g in generations):
         parser.error("--generations takes polling, callback or both, comma-separated")
@@ -599,6 +754,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         json_path=args.json,
         model_clients=max(1, args.model_clients),
         rollout_timeout=args.rollout_timeout,
+        workflows=workflows,
+        baseline_python=args.baseline_python,
+        baseline_generations=[g.strip() for g in args.baseline_generations.split(",")],
     )
 
 
