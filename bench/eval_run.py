@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             for key, value in starts[len(starts) // 2]["marks_s"].items():
                 print(f"    {key:15s} at {value:.2f} s" if value is not None else f"    {key}: -")
+            # Every sample, in order: on a shared machine the spread says how far to trust it.
+            samples = " ".join(f"{s['start_to_dispatch_s']:.2f}" for s in starts)
+            print(f"    {'samples':15s} {samples} s")
 
             heads = ("conc", "eval run r/s", "server bench r/s", "direct model r/s", "eval/server")
             print("\n" + " ".join(f"{h:>{w}}" for h, w in zip(heads, WIDTHS, strict=True)))

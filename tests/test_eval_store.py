@@ -52,7 +52,12 @@ from osmosis_ai.eval import (
     rollout_source_digest,
     supervisor_error_record,
 )
-from osmosis_ai.rollout.protocol import RolloutResultResponse
+from osmosis_ai.eval.inputs import PROTOCOL_VERSIONS
+from osmosis_ai.rollout.protocol import (
+    POLLING_PROTOCOL_VERSION,
+    ROLLOUT_PROTOCOL_VERSION,
+    RolloutResultResponse,
+)
 from osmosis_ai.rollout.sample import RolloutSample
 
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
@@ -275,6 +280,15 @@ def make_inputs(**changes) -> RunInputs:
 
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
+
+
+def test_pinned_protocol_versions_are_the_wire_constants():
+    # inputs.py writes them out so that planning a run does not import the wire models.
+    assert PROTOCOL_VERSIONS == {
+        "callback": ROLLOUT_PROTOCOL_VERSION,
+        "polling": POLLING_PROTOCOL_VERSION,
+    }
+    assert VersionsLock.for_generation("callback").rollout_protocol == ROLLOUT_PROTOCOL_VERSION
 
 
 class TestRunDir:

@@ -47,6 +47,20 @@ def test_serves_the_example_and_passes_the_contract_env(tmp_path):
     assert not server.alive()
 
 
+def test_spawn_returns_at_once_and_wait_ready_waits_for_health(tmp_path):
+    server = RolloutServerProcess(
+        rollout_dir=EXAMPLE, entrypoint=EXAMPLE / "main.py", artifact_root=tmp_path / "trials"
+    )
+    try:
+        server.spawn()  # the caller's own start-up goes on while the child boots
+        assert server.process is not None and server.port is not None
+        server.wait_ready()
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
 def test_import_error_is_reported_with_the_traceback(tmp_path):
     rollout = make_rollout(tmp_path, "raise RuntimeError('config is broken: missing API_URL')\n")
     server = RolloutServerProcess(

@@ -6,6 +6,10 @@
 already installed here, the current interpreter runs it (fast path); otherwise uv builds
 an isolated environment from ``rollouts/<name>/pyproject.toml``. The server counts as up
 once ``/health`` answers with our instance id.
+
+:meth:`RolloutServerProcess.spawn` returns as soon as the child exists, so that a controller
+can do its own start-up while the server boots, then :meth:`~RolloutServerProcess.wait_ready`;
+:meth:`~RolloutServerProcess.start` is both. httpx and packaging load only when needed.
 """
 
 from __future__ import annotations
@@ -23,11 +27,8 @@ import tomllib
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import httpx
 
 from osmosis_ai.controller.errors import ControllerError
 
@@ -39,6 +40,7 @@ ARTIFACT_ROOT_ENV = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
 INSTANCE_ID_ENV = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
 INSTANCE_HEADER = "x-osmosis-rollout-instance-id"
 RESERVED_ENV = (PORT_ENV, ARTIFACT_ROOT_ENV, INSTANCE_ID_ENV)
+_POLL_SEC = 0.02  # /health polling: the first dispatch waits on it
 
 
 class RolloutServerError(ControllerError):
@@ -56,11 +58,11 @@ class DependencyCheck:
 def check_dependencies(rollout_dir: Path) -> DependencyCheck:
     """Compare ``[project].dependencies`` of the rollout's pyproject.toml with what is
     installed here. A rollout without a pyproject.toml runs in this interpreter."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
     pyproject = rollout_dir / "pyproject.toml"
     if not pyproject.is_file():
         return DependencyCheck(True)
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -80,6 +82,8 @@ def check_dependencies(rollout_dir: Path) -> DependencyCheck:
 
 def _installed(requirement: Requirement) -> bool:
     """Installed at a matching version, with the packages each requested extra adds."""
+    from importlib import metadata
+
     from packaging.requirements import Requirement
 
     try:
@@ -104,7 +108,8 @@ def _installed(requirement: Requirement) -> bool:
 
 @dataclass
 class RolloutServerProcess:
-    """A rollout server child process; use :meth:`start`, then :meth:`stop`."""
+    """A rollout server child process: :meth:`start` (or :meth:`spawn`, then
+    :meth:`wait_ready`), then :meth:`stop`."""
 
     rollout_dir: Path
     entrypoint: Path
@@ -118,19 +123,30 @@ class RolloutServerProcess:
     isolated: bool = False
     _reader: threading.Thread | None = None
     _tail: list[str] = field(default_factory=list)
+    _command: list[str] | None = field(default=None, init=False)
+    _port_given: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         # The child runs with cwd=rollout_dir, so relative paths would resolve twice.
         self.rollout_dir = Path(self.rollout_dir).resolve()
         self.entrypoint = Path(self.entrypoint).resolve()
         self.artifact_root = Path(self.artifact_root).resolve()
+        self._port_given = self.port is not None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        """The command line: this interpreter, or ``uv run`` in the rollout's own env."""
+        """The command line: this interpreter, or ``uv run`` in the rollout's own env.
+
+        Decided once (the dependency check reads package metadata), then reused.
+        """
+        if self._command is None:
+            self._command = self._decide_command()
+        return self._command
+
+    def _decide_command(self) -> list[str]:
         deps = check_dependencies(self.rollout_dir)
         if deps.satisfied:
             self.isolated = False
@@ -166,28 +182,42 @@ class RolloutServerProcess:
 
     def start(self) -> RolloutServerProcess:
         """Spawn the server and wait until ``/health`` answers with our instance id."""
-        explicit_port = self.port is not None
-        for attempt in range(1 if explicit_port else 2):
-            if not explicit_port:
-                self.port = _free_port()
-            elif _port_busy(self.port):  # type: ignore[arg-type]
-                raise RolloutServerError(
-                    f"port {self.port} is already in use: choose another --rollout-port "
-                    "or stop the process holding it"
-                )
-            self._spawn()
+        self.spawn()
+        self.wait_ready()
+        return self
+
+    def spawn(self) -> None:
+        """Start the child on the given port (refused if busy) or a free one; returns at once."""
+        if not self._port_given:
+            self.port = _free_port()
+        elif _port_busy(self.port):  # type: ignore[arg-type]
+            raise RolloutServerError(
+                f"port {self.port} is already in use: choose another --rollout-port "
+                "or stop the process holding it"
+            )
+        self._spawn()
+
+    def wait_ready(self) -> None:
+        """Wait until the spawned child is healthy; raises (having stopped it) if it is not.
+
+        A free port we picked can be taken by another process before the child binds it:
+        then the child is started once more, on another free port.
+        """
+        for attempt in range(1 if self._port_given else 2):
             try:
                 self._wait_healthy()
-                return self
+                return
             except _PortTaken:
                 self.stop()
-                if attempt == 1 or explicit_port:
+                if attempt == 1 or self._port_given:
                     raise RolloutServerError(
                         f"port {self.port} was taken by another process"
                     ) from None
-        return self
+            self.port = _free_port()
+            self._spawn()
 
     def _spawn(self) -> None:
+        command = self.command()  # first: it decides whether the child is isolated
         env = {**os.environ, **self.env}
         if self.isolated:
             env.pop("VIRTUAL_ENV", None)  # uv picks the rollout's own environment
@@ -201,7 +231,7 @@ class RolloutServerProcess:
         )
         self._tail = []
         self.process = subprocess.Popen(
-            self.command(),
+            command,
             cwd=self.rollout_dir,
             env=env,
             stdout=subprocess.PIPE,
@@ -224,6 +254,8 @@ class RolloutServerProcess:
                 self.on_output(line)
 
     def _wait_healthy(self) -> None:
+        import httpx
+
         assert self.process is not None
         deadline = time.monotonic() + self.health_timeout_sec
         # Loopback only: no TLS, so skip loading the CA bundle on the start-up path.
@@ -233,8 +265,8 @@ class RolloutServerProcess:
                     self._died()
                 try:
                     response = client.get(f"{self.url}/health")
-                except httpx.TransportError:
-                    time.sleep(0.05)
+                except httpx.TransportError:  # not listening yet: a refused connect is cheap
+                    time.sleep(_POLL_SEC)
                     continue
                 owner = response.headers.get(INSTANCE_HEADER)
                 if owner is None and response.status_code == 200:
@@ -244,7 +276,7 @@ class RolloutServerProcess:
                     raise _PortTaken
                 if response.status_code == 200:
                     return
-                time.sleep(0.05)
+                time.sleep(_POLL_SEC)
         self.stop()
         raise RolloutServerError(
             f"the rollout server ({self.entrypoint.name}) did not become healthy within "

@@ -198,6 +198,7 @@ def _server(app: ControllerService, port: int) -> Any:
         host=LOOPBACK,
         port=port,
         lifespan="off",
+        ws="none",  # no websocket routes; loading a ws library would slow eval run's start-up
         log_config=None,
         log_level="warning",
         access_log=False,

@@ -12,20 +12,21 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from osmosis_ai.consts import PACKAGE_VERSION
 from osmosis_ai.eval.durable import canonical_json
-from osmosis_ai.rollout.protocol import (
-    POLLING_PROTOCOL_VERSION,
-    ROLLOUT_PROTOCOL_VERSION,
-    Generation,
-)
+
+if TYPE_CHECKING:
+    from osmosis_ai.rollout.protocol import Generation
 
 MANIFEST_SCHEMA_VERSION = 1
 RolloutProtocolVersion = Literal["0.3", "0.4"]
+PROTOCOL_VERSIONS: dict[Generation, RolloutProtocolVersion] = {"callback": "0.3", "polling": "0.4"}
+"""The protocol version each generation pins (``rollout.protocol``'s constants, which a test
+compares), written out so that planning a run does not import the wire models."""
 
 _EXCLUDED_DIR_NAMES = frozenset({".venv", "__pycache__"})
 _EXCLUDED_FILE_NAMES = frozenset({"uv.lock"})
@@ -74,8 +75,7 @@ class VersionsLock(_Lock):
     @classmethod
     def for_generation(cls, generation: Generation) -> VersionsLock:
         """``"0.3"`` for the callback generation, ``"0.4"`` for the polling one."""
-        version = ROLLOUT_PROTOCOL_VERSION if generation == "callback" else POLLING_PROTOCOL_VERSION
-        return cls(rollout_protocol=version)
+        return cls(rollout_protocol=PROTOCOL_VERSIONS[generation])
 
 
 class RunInputs(_Lock):

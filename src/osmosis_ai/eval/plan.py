@@ -12,13 +12,14 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import JsonValue
 
 from osmosis_ai.errors import UsageError
 from osmosis_ai.eval.durable import atomic_write_json
 from osmosis_ai.eval.inputs import (
+    PROTOCOL_VERSIONS,
     DatasetLock,
     Manifest,
     Provenance,
@@ -30,7 +31,6 @@ from osmosis_ai.eval.inputs import (
 )
 from osmosis_ai.eval.rundir import MANIFEST_FILE
 from osmosis_ai.eval.workitems import WorkItem, build_work_items
-from osmosis_ai.rollout.protocol import Generation
 from osmosis_ai.workspace import (
     DatasetError,
     DatasetRow,
@@ -48,10 +48,13 @@ from osmosis_ai.workspace import (
     validate_run_name,
 )
 
+if TYPE_CHECKING:
+    from osmosis_ai.rollout.protocol import Generation
+
 GenerationChoice = Literal["auto", "polling", "callback"]
 DatasetSource = Literal["explicit", "workspace"]
 DATASET_EXTENSIONS = (".jsonl", ".csv", ".parquet")
-_PROTOCOL_GENERATION: dict[str, Generation] = {"0.3": "callback", "0.4": "polling"}
+_PROTOCOL_GENERATION: dict[str, Generation] = {v: g for g, v in PROTOCOL_VERSIONS.items()}
 
 
 class MissingSecretsError(UsageError):

@@ -13,21 +13,18 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import JsonValue
 
 from osmosis_ai.eval.durable import iso_utc
 from osmosis_ai.eval.journal import JournalRecord, JournalState, WorkKey
-from osmosis_ai.eval.metrics import EvalMetrics
 from osmosis_ai.eval.plan import EvalPlan
-from osmosis_ai.eval.projections import (
-    EvalRunInfo,
-    FailedRow,
-    Projections,
-    Projector,
-    RunProgress,
-)
 from osmosis_ai.events import LogEvent, StageEvent, WarningEvent
+
+if TYPE_CHECKING:
+    from osmosis_ai.eval.metrics import EvalMetrics
+    from osmosis_ai.eval.projections import FailedRow, Projections
 
 REFRESH_INTERVAL_SEC = 0.5
 
@@ -120,11 +117,22 @@ class LiveProjections:
     """
 
     def __init__(
-        self, plan: EvalPlan, run_dir: Path, run_id: str, created_at: str, resumed_ids: set[str]
+        self,
+        plan: EvalPlan,
+        run_dir: Path,
+        run_id: str,
+        created_at: str,
+        resumed_ids: set[str],
+        *,
+        began: float | None = None,
     ) -> None:
+        """``began``: when the invocation began (``time.monotonic()``; default: now)."""
+        # Here, not at the top: the runner imports this module before it starts the server.
+        from osmosis_ai.eval.projections import Projector
+
         self.plan, self.run_id, self.created_at = plan, run_id, created_at
         self.resumed_ids: Collection[str] = resumed_ids
-        self.began = time.monotonic()
+        self.began = time.monotonic() if began is None else began
         self._projector = Projector(run_dir)
         self._dirty = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -133,6 +141,8 @@ class LiveProjections:
         self._dirty.set()
 
     def refresh(self, state: JournalState, status: str) -> Projections:
+        from osmosis_ai.eval.projections import EvalRunInfo, RunProgress
+
         plan = self.plan
         return self._projector.refresh(
             state,

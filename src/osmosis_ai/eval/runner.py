@@ -1,15 +1,18 @@
 """``run_eval``: one invocation of a local evaluation, from the plan to the final projections.
 
-Plan → run dir (lock, resume or ``--fresh``) → secrets → controller service, model preflight
-and rollout server (started side by side) → the worker pool (:mod:`.scheduler`) → projections
-→ result. Process-wide faults halt dispatch and leave the rest pending; nothing journaled is
-lost. The first SIGINT/SIGTERM drains (pending items stay resumable), the second aborts.
+Plan → run dir (lock, resume or ``--fresh``) → secrets → the rollout server spawned → while it
+boots: the controller's imports, its service and the model preflight → the worker pool
+(:mod:`.scheduler`) → projections → result. Everything before the spawn imports only light
+modules (``tests/test_startup_imports.py``): the first dispatch waits on the server's start-up.
+Process-wide faults halt dispatch and leave the rest pending; nothing journaled is lost. The
+first SIGINT/SIGTERM drains (pending items stay resumable), the second aborts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import threading
@@ -47,7 +50,6 @@ from osmosis_ai.eval.progress import (
 from osmosis_ai.eval.rundir import MANIFEST_FILE, RunDir, open_run
 from osmosis_ai.eval.server import RunServer, reap_orphan
 from osmosis_ai.eval.workitems import WorkItem, count_work, pending_items
-from osmosis_ai.rollout.protocol import Generation
 
 if TYPE_CHECKING:
     from osmosis_ai.controller.dispatch import Dispatcher
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from osmosis_ai.controller.service import ControllerService
     from osmosis_ai.controller.upstream import Upstream
     from osmosis_ai.eval.scheduler import Scheduler
+    from osmosis_ai.rollout.protocol import Generation
 
 
 def run_eval(options: EvalRunOptions, on_event: EventSink | None = None) -> EvalRunResult:
@@ -106,10 +109,20 @@ class _Invocation:
         self.server: RunServer | None = None
         self._dispatch_started = time.monotonic()
         self._resumed_ids: set[str] = set()
-        self.projections = LiveProjections(
-            plan, run.path, run.local_run_id, run.manifest.created_at, self._resumed_ids
-        )
         self.runlog: RunLog
+
+    @functools.cached_property
+    def projections(self) -> LiveProjections:
+        """Made on first use, once the rollout server is starting (it loads the projector)."""
+        run = self.run
+        return LiveProjections(
+            self.plan,
+            run.path,
+            run.local_run_id,
+            run.manifest.created_at,
+            self._resumed_ids,
+            began=self.begun,
+        )
 
     # -- events and the log ------------------------------------------------------------------
 
@@ -230,12 +243,17 @@ class _Invocation:
 
     async def _serve_and_dispatch(self, pending: list[WorkItem]) -> None:
         # Imported here, while the rollout server starts up.
+        import anyio
+
         from osmosis_ai.controller.proxy import PolicyProxy
         from osmosis_ai.controller.service import ControllerService
         from osmosis_ai.controller.upstream import upstream_from_model_path
         from osmosis_ai.eval import scheduler
 
         del scheduler  # imported now for its slow imports (the dispatcher), used later
+        # The dispatchers' httpx clients run on anyio, whose asyncio backend loads on first
+        # use: have it load now rather than delay the first request to the server.
+        await anyio.lowlevel.checkpoint()
 
         assert self.server is not None
         model_env = {**self.environ, **self.options.secrets_file_values, **self.secrets}

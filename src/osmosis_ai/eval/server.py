@@ -1,9 +1,10 @@
 """The rollout server of a run: launched early, owned through ``server.json``, reaped if orphaned.
 
-:class:`RunServer` starts the child in a thread as soon as the run dir is open, so its
-start-up overlaps the controller's own. ``server.json`` records the child while it runs and
-is removed on a clean stop; after a ``kill -9`` of the controller the next invocation stops
-the orphan, once the process on the recorded port proves it is ours (same instance id).
+:class:`RunServer` spawns the child as soon as the run dir is open and awaits its health in a
+thread, so its start-up overlaps the controller's own. ``server.json`` records the child from
+its spawn on and is removed on a clean stop; after a ``kill -9`` of the controller the next
+invocation stops the orphan, once the process on the recorded port proves it is ours (same
+instance id).
 """
 
 from __future__ import annotations
@@ -86,20 +87,30 @@ class RunServer:
         return cls(process, run_dir)
 
     def launch(self) -> None:
-        """Spawn the server and wait for its health in a thread; returns at once."""
+        """Spawn the server and record it now; its health is awaited in a thread (:meth:`ready`).
 
-        def start() -> None:
+        The record comes before anything else, so that a controller killed at any later
+        moment leaves an orphan the next invocation can find.
+        """
+        try:
+            self.process.spawn()
+            self._record()
+        except BaseException as exc:
+            self._started.set_exception(exc)  # nothing to wait for: stop() must not
+            raise
+
+        def wait() -> None:
             try:
-                self.process.start()
+                self.process.wait_ready()
             except BaseException as exc:
                 self._started.set_exception(exc)
             else:
                 self._started.set_result(None)
 
-        threading.Thread(target=start, name="osmosis-rollout-server", daemon=True).start()
+        threading.Thread(target=wait, name="osmosis-rollout-server", daemon=True).start()
 
     async def ready(self) -> None:
-        """Wait until healthy (recording ``server.json`` as soon as the child exists)."""
+        """Wait until healthy (recording ``server.json`` again if the child was respawned)."""
         waiting = asyncio.wrap_future(self._started)
         while not waiting.done():
             self._record()

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from osmosis_ai.consts import PACKAGE_VERSION
 from osmosis_ai.rollout.backend.base import ExecutionBackend
-from osmosis_ai.rollout.http import aclose_shared_transport, async_client
+from osmosis_ai.rollout.http import aclose_shared_transport
 from osmosis_ai.rollout.protocol import (
     POLLING_LEASE_HEADER,
     CancelRolloutsRequest,
@@ -106,15 +106,14 @@ def create_rollout_server(
 
     @contextlib.asynccontextmanager
     async def server_lifespan(app: FastAPI) -> AsyncGenerator[None]:
-        client = async_client()
         registry = Registry(
             polling_lease_timeout_sec=polling_lease_timeout_sec,
             result_retention_sec=result_retention_sec,
             on_lease_expired=lambda entry: runner().stop_execution(entry),
         )
-        runner_box.append(
-            RolloutRunner(backend, registry, client, save_trajectories=save_trajectories)
-        )
+        # No callback client yet: the runner makes it on first use, keeping aiohttp's
+        # import out of the start-up.
+        runner_box.append(RolloutRunner(backend, registry, save_trajectories=save_trajectories))
         state.accepting = True
         try:
             if lifespan is None:
@@ -125,7 +124,7 @@ def create_rollout_server(
         finally:
             state.accepting = False
             await runner().drain(drain_timeout_sec)
-            await client.aclose()
+            await runner().aclose()
             await backend.shutdown()
             await aclose_shared_transport()
             runner_box.clear()
@@ -169,9 +168,13 @@ def create_rollout_server(
             media_type="application/json",
         )
 
+    # Routes take the bare Request and answer with a Response: a typed parameter or return
+    # value would have FastAPI build pydantic fields (and import pydantic.v1) at start-up.
+
     @app.get("/rollout/{rollout_id}/result")
-    async def rollout_result(rollout_id: str, request: Request) -> Response:
+    async def rollout_result(request: Request) -> Response:
         """Long-poll a polling-generation rollout with its lease."""
+        rollout_id: str = request.path_params["rollout_id"]
         token = request.headers.get(POLLING_LEASE_HEADER)
         if not token:
             return JSONResponse(
@@ -195,9 +198,9 @@ def create_rollout_server(
         return Response(body, media_type="application/json")
 
     @app.get("/rollout/{rollout_id}/status")
-    async def rollout_status(rollout_id: str) -> dict[str, Any]:
+    async def rollout_status(request: Request) -> Response:
         """Current status of a rollout of either generation (``unknown`` if never seen)."""
-        return runner().status(rollout_id)
+        return JSONResponse(runner().status(request.path_params["rollout_id"]))
 
     @app.post("/rollout/cancel")
     async def cancel_rollouts(request: Request) -> Response:

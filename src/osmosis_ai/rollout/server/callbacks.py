@@ -3,6 +3,9 @@
 Up to 5 attempts, backoff 0.5 s doubling to 8 s, 10 s per attempt; transport errors and
 429/500/502/503/504 are retried, any other non-2xx answer is final. Failures are logged,
 never raised into the rollout.
+
+Without a client given, the poster makes its own on the first callback: the polling
+generation never needs one, and making it (aiohttp) would delay the server's start-up.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from osmosis_ai.rollout.http import async_client
+
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -24,18 +29,32 @@ class CallbackPoster:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: httpx.AsyncClient | None = None,
         *,
         max_attempts: int = 5,
         base_delay: float = 0.5,
         max_delay: float = 8.0,
         timeout: float = 10.0,
     ) -> None:
-        self.client = client
+        self._client = client
+        self._owns_client = client is None
         self.max_attempts = max_attempts
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.timeout = timeout
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The given client, else our own, made now if this is the first use (in the loop)."""
+        if self._client is None:
+            self._client = async_client()
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the client the poster made itself; a given one stays its owner's."""
+        client, self._client = self._client, None
+        if self._owns_client and client is not None:
+            await client.aclose()
 
     async def post(
         self, url: str, payload: dict[str, Any], bearer: str | None

@@ -57,13 +57,13 @@ class RolloutRunner:
         self,
         backend: ExecutionBackend,
         registry: Registry,
-        client: httpx.AsyncClient,
+        client: httpx.AsyncClient | None = None,
         *,
         save_trajectories: bool = True,
     ) -> None:
         self.backend = backend
         self.registry = registry
-        self.poster = CallbackPoster(client)
+        self.poster = CallbackPoster(client)  # no client: the poster makes one when first needed
         self.save_trajectories = save_trajectories
 
     # -- admission -----------------------------------------------------------------------
@@ -326,6 +326,10 @@ class RolloutRunner:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=grace_sec)
+
+    async def aclose(self) -> None:
+        """Close what the runner made for callbacks (after :meth:`drain`)."""
+        await self.poster.aclose()
 
 
 def _clear_cancellation() -> None:

@@ -36,11 +36,17 @@ def run_rollout_server(
     ``OSMOSIS_ROLLOUT_HOST=0.0.0.0`` to accept remote controllers, ideally with an api_key).
     uvicorn's per-request access log is off: a controller makes several requests per rollout
     and journals each rollout itself, so the log would cost CPU and bury the lines that
-    matter; pass ``access_log=True`` to have it back.
+    matter; pass ``access_log=True`` to have it back. No websocket routes are served, so no
+    websocket library is loaded either (``ws="none"``): it would only slow the start-up.
     """
     import uvicorn
 
-    options: dict[str, Any] = {"log_level": "info", "timeout_keep_alive": 2160, "access_log": False}
+    options: dict[str, Any] = {
+        "log_level": "info",
+        "timeout_keep_alive": 2160,
+        "access_log": False,
+        "ws": "none",
+    }
     options.update(uvicorn_options)
     uvicorn.run(
         app,
