@@ -155,9 +155,11 @@ async def run(calls: int, block: int, warmup: int) -> None:
             for url in urls:
                 for stream in (False, True):
                     await measure(client, url, stream, warmup, 1)
+            load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
             print(
                 f"{calls} calls per target and row, alternating blocks of {block}; model server "
-                f"latency 0 ms; {os.cpu_count()} CPUs; times in ms; server CPU per call from /proc"
+                f"latency 0 ms; {os.cpu_count()} CPUs (load average {load}); times in ms; server "
+                "CPU per call from /proc"
             )
             print(
                 f"{'stream':<7}{'conc':>5}  {'direct p50':>10}{'p95':>8}  {'proxy p50':>10}"

@@ -348,6 +348,20 @@ async def test_stream_chunks_arrive_as_the_upstream_sends_them():
     assert arrivals[1][0] - first_arrival > 0.2
 
 
+async def test_stream_headers_go_out_once_the_upstream_accepts_before_its_first_token():
+    # The upstream answers 200 at once, then thinks: a comment, a pause, the first token.
+    drip = DripUpstream([b": thinking\n\n", chunk_event("late", "stop")], pause=0.5)
+    async with rig(drip) as r:
+        body = {"messages": user("x"), "stream": True}
+        async with r.client.stream("POST", r.url(), json=body) as response:
+            headers_at = time.monotonic()
+            assert response.headers["content-type"].startswith("text/event-stream")
+            text = (await response.aread()).decode()
+    assert headers_at < drip.sent_at[1]  # before the upstream sent any data
+    assert [kind for kind, _ in sse_events(text)] == ["data", "data"]  # the comment is not data
+    assert content_of(data_chunks(text)) == "late"
+
+
 async def test_keepalive_comments_while_the_upstream_is_slow():
     async with rig(ScriptedModelServer(["finally"], latency_ms=700), keepalive_interval=0.05) as r:
         started = time.monotonic()

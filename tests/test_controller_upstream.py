@@ -73,8 +73,9 @@ async def test_stream_yields_each_data_payload_and_reuses_the_connection():
         try:
             for _ in range(3):
                 payloads = [p async for p in upstream.stream({**user("x"), "stream": True})]
+                assert payloads[0] == b""  # accepted, before any data
                 assert payloads[-1] == b"[DONE]"
-                chunks = [json.loads(p) for p in payloads[:-1]]
+                chunks = [json.loads(p) for p in payloads[1:-1]]
                 text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
                 assert text == "one two three"
         finally:

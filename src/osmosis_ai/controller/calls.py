@@ -175,6 +175,24 @@ class CallRecorder:
         except ValueError:
             self.note(f"upstream stream chunk is not JSON: {raw[:120]!r}")
             return
+        self._chunk(raw, parsed)
+
+    def chunks(self, raws: list[bytes]) -> None:
+        """:meth:`chunk` each payload in order; well-formed ones are parsed in one go."""
+        if not raws:
+            return
+        try:
+            parsed: object = json.loads(b"[" + b",".join(raws) + b"]")
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, list) or len(parsed) != len(raws):  # a bad one: each alone
+            for raw in raws:
+                self.chunk(raw)
+            return
+        for raw, data in zip(raws, parsed, strict=True):
+            self._chunk(raw, data)
+
+    def _chunk(self, raw: bytes, parsed: object) -> None:
         if not isinstance(parsed, dict):
             self.note(f"upstream stream chunk is not an object: {raw[:120]!r}")
         elif "error" in parsed and "choices" not in parsed:
@@ -192,16 +210,17 @@ class CallRecorder:
         model = data.get("model")
         if isinstance(model, str):
             self.model = model
-        usage = Usage.parse(data.get("usage"))
+        usage = data.get("usage")
         if usage is not None:
-            self.usage = usage
+            self.usage = Usage.parse(usage) or self.usage
         prompt_ids = data.get("prompt_token_ids")
         choices = data.get("choices")
         choice: object = None
         if isinstance(choices, list):
-            choice = next(
-                (c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None
-            )
+            for candidate in choices:
+                if isinstance(candidate, dict) and candidate.get("index", 0) == 0:
+                    choice = candidate
+                    break
         if isinstance(choice, dict):
             reason = choice.get("finish_reason")
             if isinstance(reason, str):

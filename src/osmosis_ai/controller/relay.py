@@ -3,6 +3,8 @@
 Payloads are forwarded without waiting for the rest (what has already arrived goes out in
 one write), ``: keep-alive`` comments cover quiet upstreams, and an upstream failure ends
 the stream with ``event: error`` and ``[DONE]``. A client that goes away cancels the call.
+An empty payload means the upstream accepted the call: the headers go out then, while the
+first tokens are still on their way.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ _SSE_START = {
 }
 _KEEPALIVE = b": keep-alive\n\n"
 _DONE = b"data: [DONE]\n\n"
+_WATCH_AFTER_SEC = 0.05  # how late a client that went away may be noticed
+_OPEN = object()
 _END = object()
 _DISCONNECT = object()
 _TICK = object()
@@ -43,19 +47,17 @@ async def relay_stream(
 ) -> None:
     """Answer one streaming call from ``payloads``. An error before anything was sent keeps
     its HTTP status; ``hide_usage`` drops the usage-only chunk the caller did not ask for."""
-    queue: asyncio.Queue[object] = asyncio.Queue()
-    pump = _Pump(queue, keepalive_interval)
+    inbox = _Inbox()
+    pump = _Pump(inbox, keepalive_interval)
     reader = asyncio.create_task(pump.read(payloads))
-    watcher = asyncio.create_task(_watch_disconnect(receive, queue))
+    watch = _DisconnectWatch(receive, inbox)
     started = False
     received: list[bytes] = []  # recorded once the agent has its answer
     try:
         while True:
-            items = [await queue.get()]
-            while not queue.empty():
-                items.append(queue.get_nowait())
+            items = await inbox.take()
             out: list[bytes] = []
-            finished = False
+            finished = opened = False
             for item in items:
                 if type(item) is bytes:
                     if not received:
@@ -63,6 +65,8 @@ async def relay_stream(
                     received.append(item)
                     if not (hide_usage and _usage_only(item)):
                         out.append(b"data: " + item + b"\n\n")
+                elif item is _OPEN:
+                    opened = True
                 elif item is _TICK:
                     out.append(_KEEPALIVE)
                 elif item is _END:
@@ -81,7 +85,7 @@ async def relay_stream(
                     out.append(b"event: error\ndata: " + payload + b"\n\n" + _DONE)
                     finished = True
                     break
-            if not started and out:
+            if not started and (out or opened):
                 started = True
                 await send(_SSE_START)
             if out:
@@ -91,13 +95,12 @@ async def relay_stream(
                 return
     finally:
         recorder.answered()
-        for payload in received:
-            recorder.chunk(payload)
+        recorder.chunks(received)
         pump.stop()
         if not pump.ended:  # left early: stop the upstream call
             reader.cancel()
-        watcher.cancel()  # past [DONE] the reader only tidies up its connection: let it
-        await asyncio.gather(reader, watcher, return_exceptions=True)
+        # past [DONE] the reader only tidies up its connection: let it
+        await asyncio.gather(reader, *watch.stop(), return_exceptions=True)
 
 
 def ask_usage(body: dict[str, Any]) -> bool:
@@ -113,7 +116,7 @@ def ask_usage(body: dict[str, Any]) -> bool:
 
 
 def _usage_only(payload: bytes) -> bool:
-    if b'"usage"' not in payload:  # cheap: most chunks carry no usage
+    if b'"usage"' not in payload or b'"usage":null' in payload:  # cheap: most chunks
         return False
     try:
         chunk: object = json.loads(payload)
@@ -122,11 +125,39 @@ def _usage_only(payload: bytes) -> bool:
     return isinstance(chunk, dict) and "usage" in chunk and not chunk.get("choices")
 
 
-class _Pump:
-    """Moves upstream payloads into the queue, and ticks when the upstream stays quiet."""
+class _Inbox:
+    """What the relay has to act on, in arrival order; cheaper than an ``asyncio.Queue``
+    for one reader that takes everything at once."""
 
-    def __init__(self, queue: asyncio.Queue[object], interval: float) -> None:
-        self._queue = queue
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[object] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: object) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def take(self) -> list[object]:
+        """Everything that arrived, waiting for something when nothing has."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+
+class _Pump:
+    """Moves upstream payloads into the inbox, and ticks when the upstream stays quiet."""
+
+    def __init__(self, inbox: _Inbox, interval: float) -> None:
+        self._inbox = inbox
         self._interval = interval
         self._active = False
         self.ended = False
@@ -135,7 +166,7 @@ class _Pump:
 
     def _tick(self) -> None:
         if not self._active:
-            self._queue.put_nowait(_TICK)
+            self._inbox.put(_TICK)
         self._active = False
         self._timer = self._loop.call_later(self._interval, self._tick)
 
@@ -145,18 +176,19 @@ class _Pump:
     def _finish(self, last: object) -> None:
         if not self.ended:
             self.ended = True
-            self._queue.put_nowait(last)
+            self._inbox.put(last)
 
     async def read(self, payloads: AsyncIterator[bytes]) -> None:
         try:
             async for payload in payloads:
                 if self.ended:
                     continue
-                if payload == b"[DONE]":  # the end, though the iterator may still tidy up
+                if payload == b"[DONE]":  # the end, though the iterator may still tidy up:
                     self._finish(_END)
+                    await asyncio.sleep(0)  # let the relay answer before that tidying
                     continue
                 self._active = True
-                self._queue.put_nowait(payload)
+                self._inbox.put(payload if payload else _OPEN)
             self._finish(_END)
         except UpstreamError as exc:
             self._finish(exc)
@@ -170,9 +202,32 @@ class _Pump:
                 await close()
 
 
-async def _watch_disconnect(receive: Receive, queue: asyncio.Queue[object]) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            queue.put_nowait(_DISCONNECT)
-            return
+class _DisconnectWatch:
+    """Tells the relay when the client goes away, so the upstream call is cancelled. Armed
+    only once the call has run a moment: the watch costs a task, and most calls to a fast
+    model are over sooner."""
+
+    def __init__(self, receive: Receive, inbox: _Inbox) -> None:
+        self._receive = receive
+        self._inbox = inbox
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._timer = self._loop.call_later(_WATCH_AFTER_SEC, self._arm)
+
+    def _arm(self) -> None:
+        self._task = self._loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self._inbox.put(_DISCONNECT)
+                return
+
+    def stop(self) -> list[asyncio.Task[None]]:
+        """Disarm; returns the watching task, cancelled, for the caller to await."""
+        self._timer.cancel()
+        if self._task is None:
+            return []
+        self._task.cancel()
+        return [self._task]

@@ -202,6 +202,7 @@ def _server(app: ControllerService, port: int) -> Any:
         log_config=None,
         log_level="warning",
         access_log=False,
+        proxy_headers=False,  # loopback only: no forwarded-for to trust, and one layer less
         timeout_keep_alive=75,  # outlive clients' keep-alive so reuse never races a close
         timeout_graceful_shutdown=int(_STOP_GRACE_SEC),
     )

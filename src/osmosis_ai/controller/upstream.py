@@ -15,23 +15,21 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
-
 from osmosis_ai.controller.errors import (
-    UpstreamConnectionError,
     UpstreamError,
     UpstreamRequestError,
     error_for_status,
     provider_message,
 )
+from osmosis_ai.controller.transport import open_transport
 from osmosis_ai.errors import ConfigError, MissingExtraError
-from osmosis_ai.rollout.http import async_client
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_TIMEOUT_SEC = 600.0
 _DRAIN_TIMEOUT_SEC = 0.25
 _PREFLIGHT_MAX_TOKENS = 16
 _PREFLIGHT_MESSAGES = [{"role": "user", "content": "hi"}]
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +65,8 @@ class Upstream(Protocol):
     def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         """One streaming call: each SSE ``data:`` payload as it arrives, ending with
         ``[DONE]`` when the upstream sends it (the iterator may then still tidy up its
-        connection). An error status raises before the first payload."""
+        connection). An error status raises before the first payload. An empty payload
+        carries no data: it says the upstream accepted the call (skip it)."""
         ...
 
     async def preflight(self) -> Preflight:
@@ -81,7 +80,9 @@ class Upstream(Protocol):
 
 class OpenAICompatibleUpstream:
     """Any OpenAI-compatible server (OpenAI, vLLM, SGLang, Ollama, llama.cpp, …) over one
-    shared keep-alive ``httpx.AsyncClient``, created on first use on the calling event loop.
+    keep-alive connection pool, created on first use on the calling event loop: a lean
+    HTTP/1.1 client for ``http://`` URLs, httpx for ``https://`` (see
+    :mod:`~osmosis_ai.controller.transport`).
 
     ``extra_body`` keys are merged into every request and win over the caller's.
     """
@@ -101,14 +102,16 @@ class OpenAICompatibleUpstream:
         self._model = model
         self._target = f"{self.base_url}/chat/completions"
         self._extra = dict(extra_body or {})
-        self._url = httpx.URL(self._target)
-        self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
+        headers = {"content-type": "application/json", "accept": "*/*"}
         if api_key:
-            self._headers.append((b"authorization", f"Bearer {api_key}".encode()))
-        self._timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
-        self._extensions = {"timeout": self._timeout.as_dict()}
-        self._max_connections = max_connections
-        self._client: httpx.AsyncClient | None = None
+            headers["authorization"] = f"Bearer {api_key}"
+        self._transport = open_transport(
+            self._target,
+            headers,
+            timeout=timeout,
+            connect_timeout=min(connect_timeout, timeout),
+            max_connections=max_connections,
+        )
 
     @property
     def model(self) -> str:
@@ -118,65 +121,27 @@ class OpenAICompatibleUpstream:
     def target(self) -> str:
         return self._target
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = async_client(
-                max_connections=self._max_connections, timeout=self._timeout
-            )
-        return self._client
-
-    def _request(self, body: dict[str, Any]) -> httpx.Request:
-        # Built directly, not with client.build_request: the URL, headers and timeout are
-        # fixed per upstream, so per-call merging would be wasted work on the hot path.
+    def _encode(self, body: dict[str, Any]) -> bytes:
         if self._extra:
             body.update(self._extra)
         body["model"] = self._model
-        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-        return httpx.Request(
-            "POST", self._url, headers=self._headers, content=content, extensions=self._extensions
-        )
-
-    def _unreachable(self, exc: httpx.HTTPError, during: str) -> UpstreamConnectionError:
-        detail = str(exc) or "no detail"
-        if isinstance(exc, httpx.TimeoutException):
-            detail = f"timed out ({detail})"
-        return UpstreamConnectionError(
-            f"cannot reach the model upstream {self._target} {during}: "
-            f"{type(exc).__name__}: {detail}",
-            url=self._target,
-        )
-
-    async def _send(self, request: httpx.Request, *, stream: bool) -> httpx.Response:
-        client = self._http()
-        try:
-            return await client.send(request, stream=stream)
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            pass  # a pooled connection the server closed as it was reused: once more, fresh
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc, "while sending the request") from exc
-        try:
-            return await client.send(request, stream=stream)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc, "while sending the request") from exc
+        return _ENCODER.encode(body).encode()
 
     async def complete(self, body: dict[str, Any]) -> bytes:
-        response = await self._send(self._request(body), stream=False)
-        if response.status_code >= 400:
-            raise error_for_status(
-                response.status_code, response.content, url=self._target, model=self._model
-            )
-        return response.content
+        answer = await self._transport.post(self._encode(body))
+        raw = await answer.read()
+        if answer.status >= 400:
+            raise error_for_status(answer.status, raw, url=self._target, model=self._model)
+        return raw
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        response = await self._send(self._request(body), stream=True)
+        answer = await self._transport.post(self._encode(body))
         try:
-            if response.status_code >= 400:
-                raw = await response.aread()
-                raise error_for_status(
-                    response.status_code, raw, url=self._target, model=self._model
-                )
-            if "json" in response.headers.get("content-type", ""):
-                raw = await response.aread()
+            if answer.status >= 400:
+                raw = await answer.read()
+                raise error_for_status(answer.status, raw, url=self._target, model=self._model)
+            if "json" in answer.content_type:
+                raw = await answer.read()
                 raise UpstreamRequestError(
                     f"model upstream {self._target} answered a stream request with JSON, not "
                     f"server-sent events: {provider_message(raw)}",
@@ -184,22 +149,19 @@ class OpenAICompatibleUpstream:
                     status_code=502,
                     body=raw,
                 )
-            chunks = response.aiter_bytes()
+            yield b""  # accepted: the proxy can answer its headers before the first tokens
+            chunks = answer.chunks()
             async for payload in sse_payloads(chunks, self._target):
                 yield payload
             await _drain(chunks)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc, "mid-stream") from exc
         finally:
-            await response.aclose()
+            await answer.aclose()
 
     async def preflight(self) -> Preflight:
         return await run_preflight(self)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._transport.aclose()
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
