@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from osmosis_ai.controller.loop import new_event_loop
 from osmosis_ai.eval.durable import fsync_dir
 from osmosis_ai.eval.journal import JournalRecord, JournalState, WorkKey, replay_journal
 from osmosis_ai.eval.logs import LogLevel, Redactor, RunLog
@@ -197,7 +198,7 @@ class _Invocation:
         if pending:
             try:
                 self._launch_server()
-                with asyncio.Runner() as runner:
+                with asyncio.Runner(loop_factory=new_event_loop) as runner:
                     runner.run(self._async_main(pending))
             finally:
                 self._loop = None
