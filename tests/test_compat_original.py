@@ -1,0 +1,70 @@
+"""Compatibility tier: our ``osmosis eval run`` drives the original osmosis-ai's rollout
+server. The bundled multiply templates run unmodified under the original SDK (its own
+LocalBackend, polling-generation server and LiteLLM-based integrations), started through
+``bench/serve_template.py``; every row must pass through our dispatcher and policy proxy.
+
+Needs ``OSMOSIS_COMPAT_PYTHON``: an interpreter with the original build and its framework
+extras, e.g. ``python3.12 -m venv /tmp/orig && /tmp/orig/bin/pip install
+"osmosis-ai[server,openai-agents,strands]==0.3.8"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from osmosis_ai.testing.model_server import ScriptedModelServer
+from test_templates_eval import FRAMEWORKS, Calculator, osmosis
+
+COMPAT_PYTHON = os.environ.get("OSMOSIS_COMPAT_PYTHON", "")
+SERVE = Path(__file__).resolve().parents[1] / "bench" / "serve_template.py"
+
+pytestmark = [
+    pytest.mark.compat,
+    pytest.mark.skipif(
+        not COMPAT_PYTHON,
+        reason="compat tier: set OSMOSIS_COMPAT_PYTHON to an interpreter with the original "
+        "osmosis-ai (0.3.8, extras server, openai-agents, strands) installed",
+    ),
+]
+
+SHIM = """import os
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+os.execv({python!r}, [{python!r}, {serve!r}, os.path.join(here, "template_main.py")])
+"""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
+def test_eval_run_drives_the_original_server(tmp_path: Path, name: str):
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OPENAI_", "OSMOSIS_", "_OSMOSIS_"))
+    }
+    env |= {"NO_COLOR": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # offline LiteLLM
+    applied = osmosis(workspace, "template", "apply", name, "--json", env=env)
+    assert applied.returncode == 0, applied.stderr
+    entrypoint = workspace / "rollouts" / name / "main.py"
+    entrypoint.rename(entrypoint.with_name("template_main.py"))
+    entrypoint.write_text(SHIM.format(python=COMPAT_PYTHON, serve=str(SERVE)))
+
+    model = Calculator()
+    with ScriptedModelServer(responder=model) as server:
+        env |= {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test"}
+        done = osmosis(
+            workspace, "eval", "run", f"configs/eval/{name}.toml", "--json", "-y", env=env
+        )
+    assert done.stdout.strip(), done.stderr
+    envelope = json.loads(done.stdout)
+    assert envelope["status"] == "success", envelope
+    metrics = envelope["resource"]["metrics"]
+    assert (metrics["total_samples"], metrics["passed"], metrics["failed"]) == (20, 20, 0)
+    assert (model.tool_calls, model.answers) == (20, 20)
