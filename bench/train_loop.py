@@ -158,7 +158,14 @@ def run_ours(
         handle_signals=False,
     )
     result = run_training(options, on_event)
-    return {"train_seconds": marks["end"] - marks["start"], "rewards": list(result.rewards)}
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    return {
+        "train_seconds": marks["end"] - marks["start"],
+        "rewards": list(result.rewards),
+        # the rollout phase of a step (dispatch to the last outcome) and its decode batches
+        "rollout_seconds": [r["rollout_seconds"] for r in records],
+        "policy_batches": [r.get("policy_batches") for r in records],
+    }
 
 
 def measure(argv: list[str]) -> dict[str, Any]:
@@ -239,6 +246,14 @@ def main() -> None:
         print(
             f"{name:<10} {r['train_seconds']:>10.1f} {r['train_seconds'] / args.steps:>8.3f} "
             f"{r['wall_seconds']:>10.1f} {r['peak_rss_mb']:>12.0f} {first:>11.2f} → {last:.2f}"
+        )
+    for name in ("ours", "ours+save"):
+        r = results[name]
+        phase = sorted(r["rollout_seconds"])
+        batches = [b for b in r["policy_batches"] if b is not None]
+        print(
+            f"{name}: rollout phase median {phase[len(phase) // 2]:.3f} s/step, "
+            f"{sum(batches) / max(len(batches), 1):.1f} decode batches/step"
         )
     plain = results["plain"]
     for name in ("ours", "ours+save"):

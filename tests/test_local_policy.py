@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,47 @@ def test_concurrent_requests_batch_to_the_same_answers(policy: LocalPolicy):
     for thread in threads:
         thread.join()
     assert together == alone
+
+
+def test_expected_callers_wait_for_each_other_and_never_hang(fresh: LocalPolicy):
+    body = {"messages": USER, "temperature": 0, "max_tokens": 4}
+    alone = tokens(fresh.chat(dict(body)))
+    fresh.batch_linger_s = 2.0  # arrivals 50 ms apart still join one batch
+    fresh.expect_callers(3)
+    before = fresh.batches
+    answers: list[Any] = [None] * 3
+
+    def call(i: int) -> None:
+        time.sleep(0.05 * i)
+        answers[i] = tokens(fresh.chat(dict(body)))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert fresh.batches - before == 1
+    assert answers == [alone] * 3
+    # A caller that never asks costs the linger, not a hang.
+    fresh.batch_linger_s = 0.05
+    started = time.monotonic()
+    assert tokens(fresh.chat(dict(body))) == alone
+    assert time.monotonic() - started < 1.5
+    fresh.expect_callers(0)
+
+
+def test_samples_sharing_a_prompt_match_their_separate_decodes(policy: LocalPolicy):
+    # Rows with one prompt share its prefill (its cache is copied): the same tokens and
+    # logprobs as decoding each prompt on its own.
+    prompts = [policy.encode(policy.render([{"role": "user", "content": p}])) for p in "ab"]
+    params = SamplingParams(temperature=0, max_tokens=6, n=3, logprobs=True)
+    _version, together = policy.generate([prompts[0], prompts[1], prompts[0]], params)
+    single = SamplingParams(temperature=0, max_tokens=6, logprobs=True)
+    for i, prompt in enumerate([prompts[0], prompts[1], prompts[0]]):
+        _version, (alone,) = policy.generate([prompt], single)
+        for sample in together[3 * i : 3 * i + 3]:
+            assert sample.token_ids == alone.token_ids
+            assert sample.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
 
 def test_text_completions_take_text_or_token_ids(policy: LocalPolicy):

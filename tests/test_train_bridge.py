@@ -122,8 +122,12 @@ def requests(mode: str, count: int) -> list[DispatchRequest]:
 
 def test_multi_turn_rows_hold_the_sampled_ids_and_mask_the_tool_turn(served):
     policy, bridge = served
+    before = policy.batches
     outcomes = bridge.run(requests("faithful", 12))
     assert all(o.kind == "result" and o.sample is not None for o in outcomes)
+    # Told how many rollouts are in flight, the policy batches each turn's calls together
+    # (24 calls in two rounds) instead of decoding whoever happened to arrive first.
+    assert 2 <= policy.batches - before <= 6
     clean = 0
     for outcome in outcomes:
         calls = usable_calls(outcome.rollout_id, outcome.calls)

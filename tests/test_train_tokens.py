@@ -199,6 +199,7 @@ def outcome(
 
 class FakeUpstream:
     policy_version = 3
+    batches = None  # not a local policy: no batch count in the metrics
 
 
 class FakeBridge:
@@ -263,6 +264,7 @@ def test_collector_maps_each_prompt_to_its_row_and_returns_trl_fields():
     assert stats.policy_version == 3 and stats.policy_version_lag == 0
     metrics = stats.to_metrics()
     assert all(not isinstance(v, float) or math.isfinite(v) for v in metrics.values())
+    assert "policy_batches" not in metrics
     # TRL's reward function hands the rewards back unchanged (None → excluded).
     assert reward_from_rollouts(prompts, [None] * 4, **{REWARD_FIELD: out[REWARD_FIELD]}) == [
         1.0,

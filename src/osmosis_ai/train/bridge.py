@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,16 @@ if TYPE_CHECKING:
     from osmosis_ai.controller.policy import LocalPolicy
 
 POLICY_MODEL_NAME = "osmosis-policy"
-GENERATION_THREADS = 256
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (uvicorn's ``standard`` extra brings it): the loop carries every
+    rollout's HTTP both ways, and uvloop's transports cost a fraction of asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - depends on the platform
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 class TrainingUpstream:
@@ -42,11 +51,13 @@ class TrainingUpstream:
         self.top_p = top_p
         self.max_tokens = max_tokens
         self._inner: Upstream | None = None
+        self._local: LocalPolicy | None = None
         self._version: Callable[[], int] = lambda: 0
 
     def serve(self, inner: Upstream, version: Callable[[], int]) -> None:
         """Serve ``inner`` from now on; ``version()`` is the policy version it generates."""
         self._inner = inner
+        self._local = None
         self._version = version
 
     def serve_local(self, policy: LocalPolicy) -> None:
@@ -54,10 +65,22 @@ class TrainingUpstream:
         from osmosis_ai.controller.policy import LocalPolicyUpstream
 
         self.serve(LocalPolicyUpstream(policy, model=POLICY_MODEL_NAME), lambda: policy.version)
+        self._local = policy
 
     @property
     def policy_version(self) -> int:
         return self._version()
+
+    @property
+    def batches(self) -> int | None:
+        """Generation batches the local policy has run so far (``None``: not served locally)."""
+        return None if self._local is None else self._local.batches
+
+    def expect_callers(self, count: int) -> None:
+        """How many rollouts are in flight: the local policy waits for that many requests
+        before it starts a batch (other upstreams batch on their own)."""
+        if self._local is not None:
+            self._local.expect_callers(count)
 
     @property
     def model(self) -> str:
@@ -128,6 +151,7 @@ class RolloutBridge:
         self._thread: threading.Thread | None = None
         self._pending: set[Future[Any]] = set()
         self._finished: list[str] = []
+        self._pruning: threading.Thread | None = None
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -151,10 +175,7 @@ class RolloutBridge:
         once the server is healthy and its protocol generation is known."""
         if self._loop is not None:
             raise UsageError("the rollout bridge is already started")
-        loop = asyncio.new_event_loop()
-        # The local policy generates in worker threads and batches the calls waiting
-        # together; asyncio's default pool (a handful of threads) would cap those batches.
-        loop.set_default_executor(ThreadPoolExecutor(GENERATION_THREADS, "osmosis-policy"))
+        loop = _new_loop()
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name="osmosis-train-io")
         self._thread.daemon = True
@@ -194,25 +215,49 @@ class RolloutBridge:
             raise TrainingError(
                 f"the rollout server exited (code {code}); its last output:\n{self.output_tail()}"
             )
-        dispatcher = self._dispatcher
+        dispatcher, upstream = self._dispatcher, self.upstream
+        in_flight = len(requests)
+        self._join_pruning()  # never rmdir beside the server's mkdirs: both slow down
+
+        async def run_one(request: DispatchRequest) -> DispatchOutcome:
+            nonlocal in_flight
+            try:
+                return await dispatcher.run(request)
+            finally:
+                in_flight -= 1
+                upstream.expect_callers(in_flight)
 
         async def run_all() -> list[DispatchOutcome]:
-            return list(await asyncio.gather(*(dispatcher.run(r) for r in requests)))
+            # The policy batches best when it knows how many rollouts may still ask it.
+            upstream.expect_callers(in_flight)
+            try:
+                return list(await asyncio.gather(*(run_one(r) for r in requests)))
+            finally:
+                upstream.expect_callers(0)
 
-        self._prune()
         outcomes: list[DispatchOutcome] = self._call(run_all())
-        self._finished = [outcome.rollout_id for outcome in outcomes]
+        # The server makes <artifact_root>/<rollout id>/artifacts/ for every rollout: drop the
+        # empty ones a batch late (so late trajectory files land first), in the background
+        # while the trainer updates (128 rmdirs cost as much as a tenth of a small step).
+        previous, self._finished = self._finished, [o.rollout_id for o in outcomes]
+        if previous:
+            self._pruning = threading.Thread(
+                target=self._prune, args=(previous,), name="osmosis-prune", daemon=True
+            )
+            self._pruning.start()
         return outcomes
 
-    def _prune(self) -> None:
-        # The server makes <artifact_root>/<rollout id>/artifacts/ for every rollout: drop the
-        # empty ones of the previous batch (a batch late, so late trajectory files land first).
+    def _prune(self, rollout_ids: Sequence[str]) -> None:
         root = self.server.artifact_root
-        for rollout_id in self._finished:
+        for rollout_id in rollout_ids:
             for folder in (root / rollout_id / "artifacts", root / rollout_id):
                 with contextlib.suppress(OSError):
                     folder.rmdir()
-        self._finished = []
+
+    def _join_pruning(self) -> None:
+        if self._pruning is not None:
+            self._pruning.join()
+            self._pruning = None
 
     def _call(self, coroutine: Any) -> Any:
         assert self._loop is not None
@@ -236,7 +281,9 @@ class RolloutBridge:
             with contextlib.suppress(Exception):  # best effort: the server is stopped below
                 closing.result(timeout=30)
         self.server.stop()
-        self._prune()
+        self._join_pruning()
+        self._prune(self._finished)
+        self._finished = []
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         if not thread.is_alive():

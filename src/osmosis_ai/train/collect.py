@@ -92,10 +92,12 @@ class StepStats:
     seconds: float = 0.0
     policy_version: int = 0
     policy_version_lag: int = 0
+    policy_batches: int | None = None  # generation batches of the local policy, when local
     reasons: Counter[str] = field(default_factory=Counter[str])
 
     def to_metrics(self) -> dict[str, Any]:
         seconds = max(self.seconds, 1e-9)
+        batches = {} if self.policy_batches is None else {"policy_batches": self.policy_batches}
         return {
             "rollouts": self.rollouts,
             "failed_rollouts": self.failed,
@@ -109,6 +111,7 @@ class StepStats:
             "tokens_per_s": (self.model_tokens + self.env_tokens) / seconds,
             "policy_version": self.policy_version,
             "policy_version_lag": self.policy_version_lag,
+            **batches,
         }
 
 
@@ -167,8 +170,12 @@ class RolloutCollector:
             requests.append(self.request(index, seen[index], step=step, policy_version=version))
             seen[index] += 1
         started = time.perf_counter()
+        batches = self.bridge.upstream.batches
         outcomes = self.bridge.run(requests)
         stats = StepStats(seconds=time.perf_counter() - started, policy_version=version)
+        after = self.bridge.upstream.batches
+        if batches is not None and after is not None:
+            stats.policy_batches = after - batches
         stats.policy_version_lag = max(0, step - 1 - version)
         pairs = zip(indices, outcomes, strict=True)
         rows = [self._row(index, outcome, stats) for index, outcome in pairs]

@@ -1,16 +1,22 @@
 """The local policy: a Hugging Face causal LM and its tokenizer served as OpenAI chat and
 text completions, with token ids, logprobs, hot weight updates and a policy version.
 
-Concurrent calls share the model: whoever takes the model next runs every request waiting
-by then as one batch. Needs the ``train`` extra (torch, transformers).
+Concurrent calls share the model: one engine thread (started on demand, gone when idle)
+runs every request waiting by then as one batch. Told how many callers are in flight
+(:meth:`LocalPolicy.expect_callers`), it waits briefly for all of them before starting.
+Needs the ``train`` extra (torch, transformers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import threading
-from collections.abc import Generator, Iterable, Mapping, Sequence
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,14 +41,25 @@ from osmosis_ai.controller.policy.responses import Renderer, Sample, byte_symbol
 from osmosis_ai.controller.policy.sampler import Decoder, Row
 
 DEFAULT_MAX_BATCH_ROWS = 64
+# With callers expected, an idle engine starts a batch once each of them has a request
+# waiting, or once none has come for this long or as long as recent batches took, whichever
+# is longer (a caller that never asks, a slow tool: waiting longer than a batch takes would
+# cost more than the extra batch it saves), and never holds a request past the cap.
+DEFAULT_BATCH_LINGER_S = 0.02
+_MAX_BATCH_WAIT_S = 1.0
+_ENGINE_IDLE_S = 30.0  # the engine thread outlives a pause between steps, not an idle policy
+_PROMPT_CACHE_SIZE = 1024
+_PROMPT_CACHE_MAX_TOKENS = 4096
 _BUILD_HINT = "build one with `python -m osmosis_ai.train.tiny_model {path}`"
 
 
 @dataclass(slots=True, eq=False)
 class _Job:
     rows: list[Row]
+    notify: Callable[[], None] | None = None  # called from the engine thread when done
     done: threading.Event = field(default_factory=threading.Event)
     version: int = 0
+    samples: list[Sample] = field(default_factory=list[Sample])
     error: BaseException | None = None
 
 
@@ -154,8 +171,16 @@ class LocalPolicy:
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8)) >> 1)
         self._version = 0
         self._engine = threading.Lock()  # the model: one batch or one weight update at a time
-        self._pending_lock = threading.Lock()
-        self._pending: list[_Job] = []
+        self._queue = threading.Condition()  # guards the four fields below
+        self._pending: deque[_Job] = deque()
+        self._runner: threading.Thread | None = None
+        self._callers = 0
+        self._arrived = 0.0
+        self._batch_s = 0.0  # recent batches' duration: a maximum that decays
+        self.batches = 0  # batches run so far (how well concurrent requests batch)
+        self.batch_linger_s = DEFAULT_BATCH_LINGER_S
+        self._prompts: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._prompts_lock = threading.Lock()
         self._token_bytes: dict[int, bytes] = {}
         self._byte_of = {c: b for b, c in byte_symbols().items()}
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
@@ -216,6 +241,45 @@ class LocalPolicy:
     ) -> tuple[int, list[Sample]]:
         """``params.n`` samples for each prompt (prompt-major) and the policy version that
         made them. Blocks; safe to call from many threads (calls waiting together batch)."""
+        job = self._job(prompts, params)
+        self._submit(job)
+        job.done.wait()
+        return self._outcome(job)
+
+    async def agenerate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> tuple[int, list[Sample]]:
+        """:meth:`generate` for an event loop: the loop thread only queues the request and
+        is woken once its batch is done (no worker thread per request)."""
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(_resolve, finished)
+
+        job = self._job(prompts, params, wake)
+        self._submit(job)
+        await finished
+        return self._outcome(job)
+
+    def expect_callers(self, count: int) -> None:
+        """Batching hint: ``count`` callers (a training step's rollouts in flight) may each
+        send a request now. While it is above zero, an idle engine waits until that many
+        requests wait before it starts a batch, or until none has arrived for
+        :attr:`batch_linger_s` or as long as recent batches took, whichever is longer; at
+        zero it starts as soon as one request waits. Lower it as callers finish."""
+        with self._queue:
+            self._callers = max(0, count)
+            if self._pending:
+                self._queue.notify_all()
+
+    def _job(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        notify: Callable[[], None] | None = None,
+    ) -> _Job:
         generator = self._rng
         if params.seed is not None:
             generator = torch.Generator(self.device)
@@ -232,61 +296,124 @@ class LocalPolicy:
                     param="messages",
                 )
             budget = min(room, params.max_tokens or room)
-            rows.extend(Row(list(prompt), params, budget, generator) for _ in range(params.n))
-        job = _Job(rows)
-        with self._pending_lock:
-            self._pending.append(job)
-        while not job.done.is_set():
-            with self._engine:
-                if not job.done.is_set():
-                    self._run_pending()
+            ids = list(prompt)  # shared by its rows: the decoder never changes a prompt
+            rows.extend(Row(ids, params, budget, generator) for _ in range(params.n))
+        return _Job(rows, notify)
+
+    @staticmethod
+    def _outcome(job: _Job) -> tuple[int, list[Sample]]:
         if job.error is not None:
             raise job.error
-        return job.version, [row.result(self.decode) for row in rows]
+        return job.version, job.samples
 
-    def _run_pending(self) -> None:
-        with self._pending_lock:
-            batch: list[_Job] = []
-            size = 0
-            while self._pending and (
-                not batch or size + len(self._pending[0].rows) <= self.max_batch_rows
-            ):
-                job = self._pending.pop(0)
-                batch.append(job)
-                size += len(job.rows)
+    def _submit(self, job: _Job) -> None:
+        with self._queue:
+            self._pending.append(job)
+            self._arrived = time.monotonic()
+            if self._runner is None:
+                self._runner = threading.Thread(
+                    target=self._serve, name="osmosis-policy-engine", daemon=True
+                )
+                self._runner.start()
+            # Wake the engine when it idles or its batch may be full; otherwise it wakes at
+            # its own deadline and sees the later arrival.
+            if len(self._pending) == 1 or self._batch_ready():
+                self._queue.notify_all()
+
+    def _batch_ready(self) -> bool:
+        rows = sum(len(job.rows) for job in self._pending)
+        return len(self._pending) >= self._callers or rows >= self.max_batch_rows
+
+    def _serve(self) -> None:
+        """The engine thread: batch after batch while requests wait; it ends once none has
+        come for a while (so starting it stays off the hot path of a run's steps)."""
         try:
-            training = self.model.training
-            self.model.eval()
-            try:
-                with torch.no_grad():
-                    self._decoder.run([row for job in batch for row in job.rows])
-            finally:
-                self.model.train(training)
-        except BaseException as exc:
+            while True:
+                with self._queue:
+                    if not self._pending:
+                        self._queue.wait_for(lambda: bool(self._pending), timeout=_ENGINE_IDLE_S)
+                    batch = self._next_batch()
+                    if not batch:
+                        self._runner = None  # (under the lock: a new request starts another)
+                        return
+                self._run(batch)
+        except BaseException:
+            with self._queue:
+                self._runner = None
+            raise
+
+    def _next_batch(self) -> list[_Job]:
+        # Called holding ``_queue``: waits for the expected callers, then takes up to
+        # ``max_batch_rows`` rows (always at least one job).
+        started = time.monotonic()
+        linger = max(self.batch_linger_s, self._batch_s)
+        while self._pending and not self._batch_ready():
+            now = time.monotonic()
+            deadline = min(self._arrived + linger, started + _MAX_BATCH_WAIT_S)
+            if now >= deadline:
+                break
+            self._queue.wait(deadline - now)
+        batch: list[_Job] = []
+        size = 0
+        while self._pending and (
+            not batch or size + len(self._pending[0].rows) <= self.max_batch_rows
+        ):
+            job = self._pending.popleft()
+            batch.append(job)
+            size += len(job.rows)
+        return batch
+
+    def _run(self, batch: list[_Job]) -> None:
+        try:
+            with self._engine:
+                training = self.model.training
+                self.model.eval()
+                started = time.monotonic()
+                try:
+                    with torch.no_grad():
+                        self._decoder.run([row for job in batch for row in job.rows])
+                finally:
+                    self.model.train(training)
+                self._batch_s = max(time.monotonic() - started, 0.8 * self._batch_s)
+                self.batches += 1
+                for job in batch:
+                    job.version = self._version
+            for job in batch:
+                job.samples = [row.result(self.decode) for row in job.rows]
+        except BaseException as exc:  # every waiting caller sees the failure
             for job in batch:
                 job.error = exc
         finally:
             for job in batch:
-                job.version = self._version
                 job.done.set()
+                if job.notify is not None:
+                    job.notify()
 
     def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer an OpenAI chat-completions request (``stream`` ignored) as a
         ``chat.completion`` body with token ids, logprobs and ``policy_version``."""
         params, prompt, renderer = self._chat_request(body)
-        version, samples = self.generate([prompt], params)
-        renderer.version = version
+        renderer.version, samples = self.generate([prompt], params)
+        return renderer.chat(samples, params)
+
+    async def achat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`chat` for an event loop (see :meth:`agenerate`)."""
+        params, prompt, renderer = self._chat_request(body)
+        renderer.version, samples = await self.agenerate([prompt], params)
         return renderer.chat(samples, params)
 
     def chat_chunks(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The same answer as ``chat.completion.chunk`` payloads (generated first, then
         split), with a usage chunk when ``stream_options.include_usage`` is set."""
         params, prompt, renderer = self._chat_request(body)
-        version, samples = self.generate([prompt], params)
-        renderer.version = version
-        options = body.get("stream_options")
-        usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return renderer.chat_chunks(samples, params, include_usage=usage)
+        renderer.version, samples = self.generate([prompt], params)
+        return renderer.chat_chunks(samples, params, include_usage=_wants_usage(body))
+
+    async def achat_chunks(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """:meth:`chat_chunks` for an event loop (see :meth:`agenerate`)."""
+        params, prompt, renderer = self._chat_request(body)
+        renderer.version, samples = await self.agenerate([prompt], params)
+        return renderer.chat_chunks(samples, params, include_usage=_wants_usage(body))
 
     def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer a text-completions request: ``prompt`` is text, token ids, or a list of
@@ -302,8 +429,30 @@ class LocalPolicy:
         params = SamplingParams.from_body(body)
         extra = body.get("chat_template_kwargs")
         kwargs: dict[str, Any] = dict(extra) if isinstance(extra, dict) else {}
-        prompt = self.encode(self.render(messages, body.get("tools"), **kwargs))
+        prompt = self._chat_prompt(messages, body.get("tools"), kwargs)
         return params, prompt, self._renderer(body, [prompt], self._version)
+
+    def _chat_prompt(
+        self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]
+    ) -> list[int]:
+        # Rendering and tokenizing cost more than the rest of a small request, and a step
+        # asks for every prompt n_samples_per_prompt times: keep recent prompts' ids.
+        try:
+            key = json.dumps([messages, tools, kwargs], sort_keys=True, ensure_ascii=False)
+        except (TypeError, ValueError):  # not JSON (a caller's own objects): no caching
+            return self.encode(self.render(messages, tools, **kwargs))
+        with self._prompts_lock:
+            cached = self._prompts.get(key)
+            if cached is not None:
+                self._prompts.move_to_end(key)
+                return list(cached)
+        prompt = self.encode(self.render(messages, tools, **kwargs))
+        if len(prompt) <= _PROMPT_CACHE_MAX_TOKENS:
+            with self._prompts_lock:
+                self._prompts[key] = tuple(prompt)
+                if len(self._prompts) > _PROMPT_CACHE_SIZE:
+                    self._prompts.popitem(last=False)
+        return prompt
 
     def _renderer(
         self, body: Mapping[str, Any], prompts: list[list[int]], version: int
@@ -391,6 +540,16 @@ class LocalPolicy:
             "model_dir": self.name,
             "device": str(self.device),
         }
+
+
+def _wants_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _check_model_dir(path: Path) -> None:

@@ -17,6 +17,9 @@ import torch
 from osmosis_ai.controller.policy.requests import SamplingParams
 from osmosis_ai.controller.policy.responses import Sample
 
+# A prefill's result: the last position's logits, the KV cache, attention mask, positions.
+_Prefilled = tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]
+
 
 @dataclass(slots=True, eq=False)
 class Row:
@@ -67,14 +70,7 @@ class Decoder:
     def run(self, rows: Sequence[Row]) -> None:
         """Decode every row in place (``tokens``, ``logprobs``, ``finish`` …)."""
         device = self.device
-        width = max(len(row.prompt) for row in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt, dtype=torch.long)
-            mask[i, width - len(row.prompt) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        last, cache, mask, positions = self._prefill(rows)
         greedy = torch.tensor([row.params.greedy for row in rows], device=device)
         scale = torch.tensor(
             [[1.0 if row.params.greedy else row.params.temperature] for row in rows],
@@ -84,9 +80,8 @@ class Decoder:
         filter_top_p = any(r.params.top_p < 1 and not r.params.greedy for r in rows)
         top_k = max(row.params.top_logprobs for row in rows)
         groups = _generator_groups(rows)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **self._first)
         for _ in range(max(row.max_new for row in rows)):
-            logits = out.logits[:, -1, :].float()
+            logits = last.float()
             logp = torch.log_softmax(logits / scale, dim=-1)
             uniform = torch.cat(
                 [torch.rand(count, generator=g, device=device) for g, count in groups]
@@ -111,8 +106,42 @@ class Decoder:
                 attention_mask=mask,
                 position_ids=positions,
                 use_cache=True,
-                **{self._cache_arg: _cache_of(out)},
+                **{self._cache_arg: cache},
             )
+            last, cache = out.logits[:, -1, :], _cache_of(out)
+
+    def _prefill(self, rows: Sequence[Row]) -> _Prefilled:
+        """The prompts' forward pass: each row's last logits, the cache, the attention mask
+        and positions. Rows that share a prompt (a request's ``n`` samples, a group's
+        rollouts) share its pass: each distinct prompt runs once and its cache is copied to
+        the rows that asked for it."""
+        slots: dict[tuple[int, ...], int] = {}
+        index = [slots.setdefault(tuple(row.prompt), len(slots)) for row in rows]
+        if len(slots) == len(rows):
+            return self._forward_prompts([row.prompt for row in rows])
+        last, cache, mask, positions = self._forward_prompts([list(p) for p in slots])
+        if not callable(getattr(cache, "reorder_cache", None)):  # no way to copy it: run all
+            return self._forward_prompts([row.prompt for row in rows])
+        picks = torch.tensor(index, dtype=torch.long, device=self.device)
+        cache.reorder_cache(picks)
+        return (
+            last.index_select(0, picks),
+            cache,
+            mask.index_select(0, picks),
+            positions.index_select(0, picks),
+        )
+
+    def _forward_prompts(self, prompts: Sequence[list[int]]) -> _Prefilled:
+        width = max(len(prompt) for prompt in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **self._first)
+        return out.logits[:, -1, :], _cache_of(out), mask, positions
 
     def _append(
         self, row: Row, token: int, logprob: float, top: tuple[list[float], list[int]] | None

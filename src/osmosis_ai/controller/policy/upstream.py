@@ -1,13 +1,13 @@
 """The local policy as an :class:`~osmosis_ai.controller.upstream.Upstream`, so the policy
-proxy serves a checkpoint in-process: generation runs in a worker thread, and the answer is
-the JSON (or SSE payloads) an OpenAI-compatible server would send.
+proxy serves a checkpoint in-process: the request is queued from the event loop to the
+policy's engine thread, and the answer is the JSON (or SSE payloads) an OpenAI-compatible
+server would send.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,10 +38,12 @@ class LocalPolicyUpstream:
     def target(self) -> str:
         return f"local:{self.policy.name}"
 
-    async def _call(self, method: Callable[[dict[str, Any]], _T], body: dict[str, Any]) -> _T:
+    async def _call(
+        self, method: Callable[[dict[str, Any]], Awaitable[_T]], body: dict[str, Any]
+    ) -> _T:
         body["model"] = self._model
         try:
-            return await asyncio.to_thread(method, body)
+            return await method(body)
         except UsageError as exc:  # PolicyRequestError and bad weights: the caller's fault
             raise self._error(400, str(exc), "invalid_request_error") from exc
         except RuntimeError as exc:  # torch reports failures (out of memory, device) so
@@ -57,11 +59,11 @@ class LocalPolicyUpstream:
         )
 
     async def complete(self, body: dict[str, Any]) -> bytes:
-        answer = await self._call(self.policy.chat, body)
+        answer = await self._call(self.policy.achat, body)
         return json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        for chunk in await self._call(self.policy.chat_chunks, body):
+        for chunk in await self._call(self.policy.achat_chunks, body):
             yield json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
         yield b"[DONE]"
 
