@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.controller.dispatch import Dispatcher, DispatchOutcome, DispatchRequest
+from osmosis_ai.controller.loop import new_event_loop
 from osmosis_ai.controller.proxy import PolicyProxy
 from osmosis_ai.controller.rollout_process import RolloutServerProcess
 from osmosis_ai.controller.service import ControllerService
@@ -28,16 +29,6 @@ if TYPE_CHECKING:
     from osmosis_ai.controller.policy import LocalPolicy
 
 POLICY_MODEL_NAME = "osmosis-policy"
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed (uvicorn's ``standard`` extra brings it): the loop carries every
-    rollout's HTTP both ways, and uvloop's transports cost a fraction of asyncio's."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - depends on the platform
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 class TrainingUpstream:
@@ -175,7 +166,7 @@ class RolloutBridge:
         once the server is healthy and its protocol generation is known."""
         if self._loop is not None:
             raise UsageError("the rollout bridge is already started")
-        loop = _new_loop()
+        loop = new_event_loop()  # uvloop when installed
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name="osmosis-train-io")
         self._thread.daemon = True
