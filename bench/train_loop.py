@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,7 +104,7 @@ def run_plain(root: Path, warm: Path, steps: int, threads: int) -> dict[str, Any
     model = AutoModelForCausalLM.from_pretrained(warm, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(warm, local_files_only=True)
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="plain-"),
+        output_dir=tempfile.mkdtemp(prefix="plain-", dir=root),
         max_steps=steps,
         per_device_train_batch_size=BATCH * GROUP,
         num_generations=GROUP,
@@ -215,6 +216,13 @@ def main() -> None:
         print(json.dumps(data))
         return
     root = Path(tempfile.mkdtemp(prefix="osmosis-bench-train-"))
+    try:
+        report(root, args)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # the models and run dirs of every variant
+
+
+def report(root: Path, args: argparse.Namespace) -> None:
     print(f"preparing {root} (tiny model + 60-step warm-up) ...", flush=True)
     warm = prepare(root, args.threads, args.hidden, args.layers)
     common = [
