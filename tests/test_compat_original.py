@@ -1,11 +1,12 @@
 """Compatibility tier: our ``osmosis eval run`` drives the original osmosis-ai's rollout
 server. The bundled multiply templates run unmodified under the original SDK (its own
-LocalBackend, polling-generation server and LiteLLM-based integrations), started through
+LocalBackend, server and LiteLLM-based integrations), started through
 ``bench/serve_template.py``; every row must pass through our dispatcher and policy proxy.
+The protocol generation is whatever that build serves (0.3.8: polling; 0.3.0: callbacks).
 
 Needs ``OSMOSIS_COMPAT_PYTHON``: an interpreter with the original build and its framework
 extras, e.g. ``python3.12 -m venv /tmp/orig && /tmp/orig/bin/pip install
-"osmosis-ai[server,openai-agents,strands]==0.3.8"``.
+"osmosis-ai[server,openai-agents,strands]==0.3.8"`` (or ``==0.3.0``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ pytestmark = [
     pytest.mark.skipif(
         not COMPAT_PYTHON,
         reason="compat tier: set OSMOSIS_COMPAT_PYTHON to an interpreter with the original "
-        "osmosis-ai (0.3.8, extras server, openai-agents, strands) installed",
+        "osmosis-ai (0.3.8 or 0.3.0, extras server, openai-agents, strands) installed",
     ),
 ]
 

@@ -113,15 +113,18 @@ async def test_a_given_port_is_used():
         assert response.status_code == 401  # the proxy answers on the same port
 
 
-async def test_the_two_bearers_are_not_interchangeable():
+async def test_the_model_bearer_cannot_deliver_results():
     async with service() as (ctl, client):
         ctl.proxy.register("r1")
         ctl.listener.register("r1", on_terminal=Hooks())
         models = f"{ctl.chat_completions_url('r1')}/models"
-        wrong = {"Authorization": f"Bearer {ctl.controller_token}"}
+        wrong = {"Authorization": f"Bearer {ctl.proxy_token}x"}
         assert (await client.get(models, headers=wrong)).status_code == 401
         right = {"Authorization": f"Bearer {ctl.proxy_token}"}
         assert (await client.get(models, headers=right)).status_code == 200
+        # servers of the first 0.3.0 releases call the model with the callback bearer
+        theirs = {"Authorization": f"Bearer {ctl.controller_token}"}
+        assert (await client.get(models, headers=theirs)).status_code == 200
         completion = ctl.completion_url("r1")
         assert (await post(client, completion, COMPLETION, ctl.proxy_token)).status_code == 401
         assert (await post(client, completion, COMPLETION, None)).status_code == 401

@@ -80,6 +80,7 @@ class PolicyProxy:
         self.stream_usage = stream_usage
         self.max_body_bytes = max_body_bytes
         self._auth = f"Bearer {self.token}".encode()
+        self._also: bytes | None = None
         self._rollouts: dict[str, _Rollout] = {}
         self._models = dumps(
             {
@@ -223,10 +224,17 @@ class PolicyProxy:
         finally:
             self._keep(rollout, recorder.finish())
 
+    def also_accept(self, token: str) -> None:
+        """Accept ``token`` as well: the run's callback bearer, which servers of the first
+        0.3.0 releases (no ``llm_api_key`` field) hand their agents for model calls."""
+        self._also = f"Bearer {token}".encode()
+
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
         for name, value in headers:
             if name == b"authorization":
-                return hmac.compare_digest(value, self._auth)
+                main = hmac.compare_digest(value, self._auth)
+                also = self._also is not None and hmac.compare_digest(value, self._also)
+                return main or also
         return False
 
     async def _complete(self, body: dict[str, Any], recorder: CallRecorder, send: Send) -> None:

@@ -270,9 +270,11 @@ class RolloutServerProcess:
                     continue
                 owner = response.headers.get(INSTANCE_HEADER)
                 if owner is None and response.status_code == 200:
-                    with contextlib.suppress(ValueError):
+                    with contextlib.suppress(ValueError, AttributeError):
                         owner = response.json().get("instance_id")
-                if owner != self.instance_id:
+                # Older servers (the original 0.3.0) report no instance id: then the port we
+                # picked free a moment ago is taken to be our child's, as long as it lives.
+                if owner is not None and owner != self.instance_id:
                     raise _PortTaken
                 if response.status_code == 200:
                     return

@@ -56,6 +56,9 @@ class ControllerService:
             )
         self.proxy = proxy
         self.listener = CallbackListener(token=token)
+        # Servers of the first 0.3.0 releases send controller_api_key on model calls too (they
+        # predate llm_api_key); that bearer is theirs already, so accepting it grants nothing.
+        proxy.also_accept(token)
         self.requested_port = port
         self._port: int | None = None
         self._server: Any = None
