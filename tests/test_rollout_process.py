@@ -109,3 +109,51 @@ def test_dependency_check(tmp_path):
             RolloutServerError, match=r"definitely-not-installed>=1.*pip install uv"
         ):
             server.command()
+
+
+HEALTH_SERVER = """
+import json
+import os
+
+import uvicorn
+
+BODY = json.dumps({"status": "ok", **json.loads(os.environ.get("HEALTH_EXTRA", "{}"))})
+
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": BODY.encode()})
+
+
+uvicorn.run(app, host="127.0.0.1", port=int(os.environ["_OSMOSIS_ROLLOUT_PORT"]),
+            log_level="warning", lifespan="off")
+"""
+
+
+def test_a_server_without_instance_ids_is_taken_as_ours(tmp_path):
+    # Servers of the original 0.3.0 report no instance id on /health.
+    rollout = make_rollout(tmp_path, HEALTH_SERVER)
+    server = RolloutServerProcess(
+        rollout_dir=rollout, entrypoint=rollout / "main.py", artifact_root=tmp_path / "t"
+    )
+    try:
+        server.start()
+        assert server.alive()
+    finally:
+        server.stop()
+
+
+def test_a_foreign_instance_id_is_another_process(tmp_path):
+    rollout = make_rollout(tmp_path, HEALTH_SERVER)
+    server = RolloutServerProcess(
+        rollout_dir=rollout,
+        entrypoint=rollout / "main.py",
+        artifact_root=tmp_path / "t",
+        env={"HEALTH_EXTRA": '{"instance_id": "someone-else"}'},
+    )
+    with pytest.raises(RolloutServerError, match="taken by another process"):
+        server.start()
+    assert not server.alive()
