@@ -7,12 +7,11 @@ so that ``import osmosis_ai`` stays cheap. The rubric names below load on first 
 from __future__ import annotations
 
 from osmosis_ai.consts import PACKAGE_VERSION as __version__
+from osmosis_ai.lazy import lazy_exports as _lazy_exports
 
 # Not typing.TYPE_CHECKING: importing typing would slow down `osmosis --help`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from osmosis_ai.eval.judge import MissingAPIKeyError, ModelNotFoundError, ProviderRequestError
     from osmosis_ai.eval.rubric import RubricResult, evaluate_rubric
 
@@ -35,16 +34,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'osmosis_ai' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY)

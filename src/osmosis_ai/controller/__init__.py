@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import typing
 
+from osmosis_ai.lazy import lazy_exports as _lazy_exports
+
 _EXPORTS: dict[str, str] = {
     "CallRecord": "osmosis_ai.controller.calls",
     "CallbackListener": "osmosis_ai.controller.listener",
@@ -97,17 +99,4 @@ __all__ = [  # = sorted(_EXPORTS)
 ]
 
 
-def __getattr__(name: str) -> typing.Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'osmosis_ai.controller' has no attribute {name!r}")
-    import importlib
-
-    # Every name at once: afterwards the package looks exactly as an eager one would.
-    namespace = globals()
-    for export, module in _EXPORTS.items():
-        namespace[export] = getattr(importlib.import_module(module), export)
-    return namespace[name]
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, together=True)

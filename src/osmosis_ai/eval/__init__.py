@@ -9,8 +9,9 @@ before it starts the rollout server, and the rest while the server boots.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from osmosis_ai.lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "atomic_write_bytes": "osmosis_ai.eval.durable",
@@ -180,14 +181,4 @@ __all__ = [  # the names of _EXPORTS
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'osmosis_ai.eval' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -6,8 +6,9 @@ framework integrations live under ``osmosis_ai.rollout.integrations``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from osmosis_ai.lazy import lazy_exports as _lazy_exports
 
 # Names resolve on first access (PEP 562) so that importing one piece does not pay for all.
 _EXPORTS: dict[str, str] = {
@@ -106,14 +107,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'osmosis_ai.rollout' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

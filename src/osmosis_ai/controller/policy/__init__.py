@@ -6,8 +6,9 @@ first access, so the torch-free pieces import without torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from osmosis_ai.lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "LocalPolicy": "osmosis_ai.controller.policy.engine",
@@ -39,14 +40,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'osmosis_ai.controller.policy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
