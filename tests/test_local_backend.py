@@ -71,8 +71,30 @@ async def test_success_path_reports_both_phases(artifact_root):
     assert outcome.workflow.sample is not None and outcome.workflow.sample.reward is None
     assert outcome.result.sample.label == "42"
     assert backend.rollout_status("r1") == {"status": "success", "reward": 1.0, "err_message": None}
-    assert (artifact_root / "r1" / "artifacts").is_dir()
-    assert not list((artifact_root / "r1" / "artifacts").iterdir())
+    assert not (artifact_root / "r1").exists()  # nobody asked for the artifacts folder
+
+
+async def test_artifacts_dir_is_made_on_first_read_and_shared_with_the_grader(artifact_root):
+    seen: list[object] = []
+
+    class Writes(AgentWorkflow[AgentWorkflowConfig]):
+        async def run(self, ctx):
+            assert not (artifact_root / "r1").exists()  # not made before it is read
+            folder = ctx.artifacts_dir
+            seen.append(folder)
+            (folder / "notes.txt").write_text("from the workflow")
+            return ANSWER
+
+    class Reads(Grader):
+        async def grade(self, ctx):
+            seen.append(ctx.artifacts_dir)
+            ctx.set_reward(float((ctx.artifacts_dir / "notes.txt").read_text() != ""))
+
+    outcome = await LocalBackend(workflow=Writes, grader=Reads).execute(req())
+    assert outcome.result.status is RolloutStatus.SUCCESS
+    folder = artifact_root / "r1" / "artifacts"
+    assert seen == [folder, folder]
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]  # the probe is gone
 
 
 async def test_strings_resolve_and_config_is_deep_copied_per_rollout(artifact_root):
@@ -291,9 +313,10 @@ async def test_unusable_artifact_root_gives_none(tmp_path):
             return ANSWER
 
     backend = LocalBackend(workflow=Check, artifact_root=blocker)
-    backend_retry_free = backend
-    out = await backend_retry_free.execute(req(grade=False))
+    started = time.monotonic()
+    out = await backend.execute(req(grade=False))
     assert out.result.status is RolloutStatus.SUCCESS
+    assert time.monotonic() - started < 1.0  # three attempts, short waits on the loop
 
 
 async def test_grader_concurrency_limit(artifact_root):

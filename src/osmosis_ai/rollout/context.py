@@ -14,7 +14,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from osmosis_ai.rollout.config import AgentWorkflowConfig
 from osmosis_ai.rollout.sample import RolloutSample
@@ -44,18 +44,65 @@ class SampleSource(ABC):
         return None
 
 
+class ArtifactsFolder:
+    """A rollout's artifacts folder, made the first time it is asked for (most rollouts
+    never write a file, so most never touch the filesystem). ``make`` returns the folder,
+    or ``None`` when none could be made; its answer is kept."""
+
+    __slots__ = ("_folder", "_make", "_made")
+
+    def __init__(self, make: Callable[[], Path | None]) -> None:
+        self._make = make
+        self._folder: Path | None = None
+        self._made = False
+
+    @property
+    def made(self) -> bool:
+        """Whether the folder was asked for (and so made, or found unusable)."""
+        return self._made
+
+    def get(self) -> Path | None:
+        if not self._made:
+            self._folder = self._make()
+            self._made = True
+        return self._folder
+
+
+class _ArtifactsDir:
+    """The ``artifacts_dir`` field: a ``Path``, ``None``, or an :class:`ArtifactsFolder`
+    that is made on first read. Reads always give ``Path | None``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._key = f"_{name}_value"
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> None: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> Path | None: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> Path | None:
+        if obj is None:
+            return None  # the dataclass default
+        value = obj.__dict__.get(self._key)
+        return value.get() if isinstance(value, ArtifactsFolder) else value
+
+    def __set__(self, obj: object, value: Path | ArtifactsFolder | None) -> None:
+        # A dataclass whose field default is this descriptor passes the descriptor itself.
+        obj.__dict__[self._key] = None if isinstance(value, _ArtifactsDir) else value
+
+
 @dataclass
 class AgentWorkflowContext(Generic[TConfig]):
     """What :meth:`AgentWorkflow.run` receives.
 
     ``prompt`` holds the initial messages; ``config`` is a deep copy per rollout;
-    ``artifacts_dir`` is a writable per-rollout folder, or ``None`` when none could be made.
+    ``artifacts_dir`` is a writable per-rollout folder, or ``None`` when none could be made
+    (backends make it on first read).
     """
 
     prompt: list[dict[str, Any]]
     config: TConfig | None = None
     metadata: dict[str, Any] | None = None
-    artifacts_dir: Path | None = None
+    artifacts_dir: _ArtifactsDir = field(default=_ArtifactsDir(), repr=False, compare=False)
 
 
 @dataclass
@@ -66,7 +113,7 @@ class GraderContext:
     sample: RolloutSample | None = None
     project_path: str | None = None
     metadata: dict[str, Any] | None = None
-    artifacts_dir: Path | None = None
+    artifacts_dir: _ArtifactsDir = field(default=_ArtifactsDir(), repr=False, compare=False)
 
     def set_reward(self, reward: float) -> None:
         """Attach the reward to the sample. It must be a finite number.

@@ -227,9 +227,9 @@ class RolloutBridge:
                 upstream.expect_callers(0)
 
         outcomes: list[DispatchOutcome] = self._call(run_all())
-        # The server makes <artifact_root>/<rollout id>/artifacts/ for every rollout: drop the
-        # empty ones a batch late (so late trajectory files land first), in the background
-        # while the trainer updates (128 rmdirs cost as much as a tenth of a small step).
+        # <artifact_root>/<rollout id>/artifacts/ exists when the rollout asked for it: drop
+        # the empty ones a batch late (so late trajectory files land first), in the
+        # background while the trainer updates.
         previous, self._finished = self._finished, [o.rollout_id for o in outcomes]
         if previous:
             self._pruning = threading.Thread(

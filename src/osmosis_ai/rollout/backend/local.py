@@ -23,6 +23,7 @@ from osmosis_ai.rollout.backend.base import ExecutionBackend, ResultCallback
 from osmosis_ai.rollout.config import AgentWorkflowConfig, GraderConfig
 from osmosis_ai.rollout.context import (
     AgentWorkflowContext,
+    ArtifactsFolder,
     GraderContext,
     RolloutContext,
     get_rollout_context,
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 ARTIFACT_ROOT_ENV = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
 _PROBE_NAME = ".osmosis-health-check"
+_RETRY_DELAY_SEC = 0.05
 
 
 def default_artifact_root() -> Path:
@@ -54,8 +56,7 @@ class _Tracked:
     err_message: str | None = None
     cancel_disposition: str | None = None
     finished_at: float | None = None
-    artifacts: Path | None = None
-    artifacts_ready: bool = False
+    artifacts: ArtifactsFolder | None = None
 
 
 class LocalBackend(ExecutionBackend):
@@ -273,7 +274,7 @@ class LocalBackend(ExecutionBackend):
             prompt=copy.deepcopy(request.prompt),
             config=config,
             metadata=copy.deepcopy(request.metadata),
-            artifacts_dir=await self._artifacts_dir(request.id, tracked),
+            artifacts_dir=self._artifacts_dir(request.id, tracked),
         )
         output = coerce_output(await workflow.run(ctx))
         if output is None:
@@ -319,7 +320,7 @@ class LocalBackend(ExecutionBackend):
                     sample=graded,
                     project_path=self.project_path,
                     metadata=copy.deepcopy(request.metadata),
-                    artifacts_dir=await self._artifacts_dir(request.id, tracked),
+                    artifacts_dir=self._artifacts_dir(request.id, tracked),
                 )
                 async with asyncio.timeout(budget):
                     await grader.grade(ctx)
@@ -349,13 +350,11 @@ class LocalBackend(ExecutionBackend):
 
     # -- bookkeeping ---------------------------------------------------------------------
 
-    async def _artifacts_dir(self, rollout_id: str, tracked: _Tracked) -> Path | None:
-        # Made once per rollout, off the event loop (filesystem work and its retries).
-        if not tracked.artifacts_ready:
-            tracked.artifacts = await asyncio.to_thread(
-                _prepare_artifacts_dir, self.artifact_root, rollout_id
-            )
-            tracked.artifacts_ready = True
+    def _artifacts_dir(self, rollout_id: str, tracked: _Tracked) -> ArtifactsFolder:
+        # One folder per rollout, shared by its workflow and grader, made on first read.
+        if tracked.artifacts is None:
+            root = self.artifact_root
+            tracked.artifacts = ArtifactsFolder(lambda: _prepare_artifacts_dir(root, rollout_id))
         return tracked.artifacts
 
     def _set_status(self, tracked: _Tracked, status: RolloutStatus) -> None:
@@ -390,9 +389,12 @@ class LocalBackend(ExecutionBackend):
 
 
 def _prepare_artifacts_dir(root: Path, rollout_id: str) -> Path | None:
-    """``<root>/<id>/artifacts/``, created and write-probed (3 attempts), or ``None``."""
+    """``<root>/<id>/artifacts/``, created and write-probed (3 attempts), or ``None``.
+
+    Runs when user code first reads ``ctx.artifacts_dir``, on its thread: the retries wait
+    50 and 100 ms, so a failing filesystem holds an event loop for at most 0.15 s."""
     target = root / rollout_id / "artifacts"
-    delay = 0.5
+    delay = _RETRY_DELAY_SEC
     for attempt in range(3):
         try:
             target.mkdir(parents=True, exist_ok=True)
