@@ -7,12 +7,9 @@ behaviour both transports share runs against ``HttpxTransport`` too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import importlib.util
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -20,72 +17,10 @@ from osmosis_ai.controller import UpstreamConnectionError
 from osmosis_ai.controller.http1 import Http1Transport
 from osmosis_ai.controller.transport import HttpxTransport, Transport, open_transport
 from osmosis_ai.errors import UsageError
+from rawhttp import RawServer, answers, chunked, ok, raw_server
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 HEADERS = {"content-type": "application/json", "authorization": "Bearer k"}
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "RawServer"], Awaitable[None]]
-
-
-@dataclass
-class RawServer:
-    """A loopback TCP server; each connection runs ``handler`` (which may answer many
-    requests). ``requests`` holds each request's head and body, ``connections`` counts."""
-
-    handler: Handler
-    url: str = ""
-    connections: int = 0
-    requests: list[tuple[bytes, bytes]] = field(default_factory=list)
-
-    async def read_request(self, reader: asyncio.StreamReader) -> bool:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return False
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
-        self.requests.append((head, await reader.readexactly(length)))
-        return True
-
-
-@contextlib.asynccontextmanager
-async def raw_server(handler: Handler) -> AsyncIterator[RawServer]:
-    server = RawServer(handler)
-
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        server.connections += 1
-        try:
-            await handler(reader, writer, server)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    listener = await asyncio.start_server(on_connection, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    server.url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    try:
-        yield server
-    finally:
-        listener.close()
-
-
-def answers(*replies: bytes) -> Handler:
-    """A keep-alive handler: the i-th request on a connection gets ``replies[i]``."""
-
-    async def handler(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        for reply in replies:
-            if not await server.read_request(reader):
-                return
-            writer.write(reply)
-            await writer.drain()
-        await reader.read()  # hold the connection open until the client closes it
-
-    return handler
 
 
 def http1(url: str, *, timeout: float = 5.0, max_connections: int = 8) -> Http1Transport:
@@ -101,17 +36,6 @@ def transports(url: str) -> list[Transport]:
 
 async def read_once(transport: Transport) -> bytes:
     return await (await transport.post(b"{}")).read()
-
-
-def ok(body: bytes, *extra: bytes) -> bytes:
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + b"".join(extra)
-    return head + b"content-length: %d\r\n\r\n%b" % (len(body), body)
-
-
-def chunked(*pieces: bytes, trailer: bytes = b"") -> bytes:
-    body = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces)
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
-    return head + b"\r\n\r\n" + body + b"0\r\n" + trailer + b"\r\n"
 
 
 # -- what both transports share --------------------------------------------------------------

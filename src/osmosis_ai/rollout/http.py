@@ -1,8 +1,11 @@
 """HTTP clients that stay fast under concurrency.
 
 httpx's own connection pool costs O(connections²) per request, which dominates a server
-making hundreds of concurrent calls. When ``httpx-aiohttp`` is installed (extra
-``server``), the clients keep httpx's API but run on aiohttp's connection pool.
+making hundreds of concurrent calls. The clients here keep httpx's API but send plain
+``http://`` requests (the rollout protocol, the policy proxy, local model servers) over the
+lean keep-alive connections of :mod:`osmosis_ai.rollout.http1`, and everything else
+(``https``) over aiohttp's pool when ``httpx-aiohttp`` is installed (extra ``server``), else
+httpx's own.
 
 ``async_client()`` makes a new client; ``shared_transport()`` is one pooled transport per
 event loop for code that would otherwise build a client (a TLS context, a pool, fresh
@@ -32,13 +35,22 @@ def async_client(
     ``options`` go to ``httpx.AsyncClient`` (``timeout``, ``headers``, ``base_url``, ...).
     Create it inside a running event loop and close it with ``aclose()``.
     """
-    transport = _aiohttp_transport(max_connections)
-    if transport is None:
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        return httpx.AsyncClient(limits=limits, **options)
-    return httpx.AsyncClient(transport=transport, **options)
+    return httpx.AsyncClient(transport=_transport(max_connections), **options)
+
+
+def _transport(max_connections: int) -> httpx.AsyncBaseTransport:
+    from osmosis_ai.rollout.http1 import LeanTransport
+
+    def fallback() -> httpx.AsyncBaseTransport:
+        transport = _aiohttp_transport(max_connections)
+        if transport is None:
+            limits = httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            )
+            transport = httpx.AsyncHTTPTransport(limits=limits)
+        return transport
+
+    return LeanTransport(max_connections=max_connections, fallback=fallback)
 
 
 def _aiohttp_transport(max_connections: int) -> httpx.AsyncBaseTransport | None:
@@ -65,14 +77,7 @@ def shared_transport() -> httpx.AsyncBaseTransport:
     loop = asyncio.get_running_loop()
     transport = _shared.get(loop)
     if transport is None:
-        transport = _aiohttp_transport(DEFAULT_MAX_CONNECTIONS)
-        if transport is None:
-            limits = httpx.Limits(
-                max_connections=DEFAULT_MAX_CONNECTIONS,
-                max_keepalive_connections=DEFAULT_MAX_CONNECTIONS,
-            )
-            transport = httpx.AsyncHTTPTransport(limits=limits)
-        _shared[loop] = transport
+        transport = _shared[loop] = _transport(DEFAULT_MAX_CONNECTIONS)
     return transport
 
 

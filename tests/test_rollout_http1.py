@@ -1,0 +1,212 @@
+"""``LeanTransport``: httpx's API over the lean HTTP/1.1 connections, against loopback
+servers that write scripted bytes (framing, keep-alive, the pool, timeouts, fallback)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import importlib.util
+
+import httpx
+import pytest
+
+from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rollout.http1 import LeanTransport
+from rawhttp import RawServer, answers, chunked, ok, raw_server
+
+HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
+
+
+def base(server: RawServer) -> str:
+    return server.url.removesuffix("/v1/chat/completions")
+
+
+async def test_requests_share_one_kept_alive_connection_and_keep_their_heads():
+    replies = [ok(b'{"n":1}', b"x-answer: a\r\nx-answer: b\r\n"), ok(b"second"), ok(b"")]
+    async with raw_server(answers(*replies)) as server, async_client() as client:
+        first = await client.post(f"{base(server)}/rollout?x=1", json={"q": 1})
+        assert (first.status_code, first.json()) == (200, {"n": 1})
+        assert first.headers.get_list("x-answer") == ["a", "b"]
+        assert first.http_version == "HTTP/1.1" and first.reason_phrase == "OK"
+        second = await client.get(f"{base(server)}/result", headers={"X-Mine": "yes"})
+        assert second.text == "second"
+        third = await client.delete(f"{base(server)}/rollout/r1")
+        assert third.content == b""
+    assert server.connections == 1
+    post_head, post_body = server.requests[0]
+    assert post_head.startswith(b"POST /rollout?x=1 HTTP/1.1\r\n")
+    assert b"\r\ncontent-length: 7\r\n" in post_head.lower() and post_body == b'{"q":1}'
+    get_head, get_body = server.requests[1]
+    assert get_head.startswith(b"GET /result HTTP/1.1\r\n") and get_body == b""
+    assert b"\r\nx-mine: yes\r\n" in get_head.lower()
+    assert b"content-length" not in get_head.lower()
+    assert b"\r\nhost: 127.0.0.1:" in get_head.lower()
+
+
+async def test_a_streamed_body_arrives_as_the_server_sends_it():
+    release = asyncio.Event()
+
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(chunked(b"first")[: -len(b"0\r\n\r\n")])
+        await writer.drain()
+        await release.wait()
+        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with (
+        raw_server(handler) as server,
+        async_client() as client,
+        client.stream("POST", server.url, content=b"{}") as response,
+    ):
+        chunks = response.aiter_raw()
+        assert await anext(chunks) == b"first"  # before the rest was even written
+        release.set()
+        assert [c async for c in chunks] == [b"second"]
+
+
+async def test_compressed_bodies_are_decoded_once_by_httpx():
+    body = gzip.compress(b'{"ok":true}')
+    reply = ok(body, b"content-encoding: gzip\r\n")
+    async with raw_server(answers(reply)) as server, async_client() as client:
+        response = await client.get(server.url)
+        assert response.json() == {"ok": True}
+
+
+async def test_head_answers_have_no_body_and_the_connection_is_reused():
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 1234\r\n\r\n"
+    async with raw_server(answers(head, ok(b"after"))) as server, async_client() as client:
+        response = await client.head(server.url)
+        assert (response.status_code, response.content) == (200, b"")
+        assert response.headers["content-length"] == "1234"
+        assert (await client.get(server.url)).text == "after"
+    assert server.connections == 1
+
+
+async def test_an_unread_body_closes_its_connection_instead_of_reusing_it():
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        await server.read_request(reader)
+        if server.connections == 1:  # half the body, then nothing more
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf.")
+            await writer.drain()
+            await reader.read()
+            return
+        writer.write(ok(b"next"))
+        await writer.drain()
+        await reader.read()
+
+    async with raw_server(handler) as server, async_client() as client:
+        async with client.stream("GET", server.url) as response:
+            assert await anext(response.aiter_raw()) == b"half."  # the rest is left unread
+        assert (await client.get(server.url)).text == "next"
+    assert server.connections == 2
+
+
+async def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(ok(b"answer"))
+        await writer.drain()
+        if server.connections == 1:  # the first connection dies once idle, unannounced
+            await server.read_request(reader)
+            return
+        await reader.read()
+
+    async with raw_server(handler) as server, async_client() as client:
+        assert (await client.post(server.url, content=b"1")).text == "answer"
+        assert (await client.post(server.url, content=b"2")).text == "answer"
+    assert server.connections == 2
+
+
+async def test_failures_are_httpx_errors():
+    async with raw_server(answers()) as server:
+        url = server.url
+    async with async_client() as client:
+        with pytest.raises(httpx.ConnectError, match=r"127\.0\.0\.1"):
+            await client.get(url)
+
+    async def silent(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        await server.read_request(reader)
+        await reader.read()
+
+    async with raw_server(silent) as server, async_client(timeout=0.2) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.get(server.url)
+
+    cut = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"
+
+    async def hang_up(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(cut)
+        await writer.drain()
+
+    async with raw_server(hang_up) as server, async_client() as client:
+        with pytest.raises(httpx.RemoteProtocolError, match="mid-answer"):
+            await client.get(server.url)
+
+
+async def test_the_pool_caps_connections_per_origin_and_times_out_waiting():
+    gate = asyncio.Event()
+
+    async def slow(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        while await server.read_request(reader):
+            await gate.wait()
+            writer.write(ok(b"done"))
+            await writer.drain()
+
+    async with raw_server(slow) as server:
+        async with async_client(max_connections=1, timeout=5.0) as client:
+            calls = [asyncio.ensure_future(client.get(server.url)) for _ in range(3)]
+            await asyncio.sleep(0.1)
+            assert server.connections == 1 and len(server.requests) == 1
+            gate.set()
+            assert [r.text for r in await asyncio.gather(*calls)] == ["done"] * 3
+        assert server.connections == 1
+        gate.clear()
+        timeout = httpx.Timeout(5.0, pool=0.1)
+        async with async_client(max_connections=1, timeout=timeout) as client:
+            held = asyncio.ensure_future(client.get(server.url))
+            await asyncio.sleep(0.05)
+            with pytest.raises(httpx.PoolTimeout):
+                await client.get(server.url)
+            gate.set()
+            assert (await held).text == "done"
+
+
+async def test_other_schemes_go_to_the_fallback_transport():
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        return httpx.Response(200, text="from the fallback")
+
+    transport = LeanTransport(max_connections=4, fallback=lambda: httpx.MockTransport(answer))
+    async with httpx.AsyncClient(transport=transport) as client:
+        response = await client.get("https://models.example/v1/models")
+    assert response.text == "from the fallback"
+    assert seen == ["https://models.example/v1/models"]
+
+
+@pytest.mark.skipif(not HAS_UVLOOP, reason="uvloop is not installed")
+def test_works_on_uvloop():
+    import uvloop
+
+    async def main() -> None:
+        async with raw_server(answers(ok(b"1"), ok(b"2"))) as server, async_client() as client:
+            assert [(await client.get(server.url)).text for _ in range(2)] == ["1", "2"]
+        assert server.connections == 1
+
+    uvloop.run(main())
