@@ -210,3 +210,24 @@ def test_works_on_uvloop():
         assert server.connections == 1
 
     uvloop.run(main())
+
+
+async def test_quick_exchanges_skip_the_client_layer_and_decode_the_body():
+    replies = [ok(gzip.compress(b'{"a":1}'), b"content-encoding: gzip\r\n"), ok(b"plain")]
+    async with raw_server(answers(*replies)) as server, async_client() as client:
+        transport = client._transport  # pyright: ignore[reportPrivateUsage]
+        assert isinstance(transport, LeanTransport)
+        limits = httpx.Timeout(5.0).as_dict()
+        first = await transport.quick(
+            "POST", server.url, headers={"x-k": "v"}, content=b"{}", timeouts=limits
+        )
+        assert (first.status_code, first.json()) == (200, {"a": 1})
+        assert "content-encoding" not in first.headers  # decoded here, not again by httpx
+        second = await transport.quick("GET", f"{base(server)}/r?x=2", headers={}, timeouts=limits)
+        assert second.text == "plain"
+    assert server.connections == 1
+    head, body = server.requests[0]
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n") and body == b"{}"
+    assert b"\r\nx-k: v\r\n" in head and b"\r\naccept-encoding: identity\r\n" in head
+    assert server.requests[1][0].startswith(b"GET /r?x=2 HTTP/1.1\r\n")
+    assert b"content-length" not in server.requests[1][0]

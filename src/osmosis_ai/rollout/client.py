@@ -7,12 +7,13 @@ under its polling lease, retrying transient failures without ever letting the le
 from __future__ import annotations
 
 import asyncio
+import json as _json
 import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -28,6 +29,9 @@ from osmosis_ai.rollout.protocol import (
     RolloutStatusResponse,
 )
 from osmosis_ai.rollout.status import RolloutStatus
+
+if TYPE_CHECKING:
+    from osmosis_ai.rollout.http1 import LeanTransport
 
 __all__ = ["RolloutAdmissionTimeoutError", "RolloutClient", "RolloutHandle", "RolloutProtocolError"]
 
@@ -109,6 +113,18 @@ def _retry_after(response: httpx.Response) -> float:
     return min(max(delay, RETRY_AFTER_MIN_SEC), RETRY_AFTER_MAX_SEC)
 
 
+def _lean_transport(client: httpx.AsyncClient, base_url: str) -> LeanTransport | None:
+    """The client's lean transport when a request to ``base_url`` would go straight to it
+    (an ``http://`` server, no mounted proxy transports), else ``None``."""
+    from osmosis_ai.rollout.http1 import LeanTransport
+
+    transport = getattr(client, "_transport", None)
+    mounts = getattr(client, "_mounts", None)
+    if isinstance(transport, LeanTransport) and not mounts and base_url[:7].lower() == "http://":
+        return transport
+    return None
+
+
 class RolloutClient:
     """Client of one rollout server; use as ``async with RolloutClient(url) as client``.
 
@@ -133,6 +149,11 @@ class RolloutClient:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
+        self._lean = _lean_transport(self._http, self.base_url)
+        if self._lean is not None:  # the client's own headers, once (not its compression)
+            self._lean_headers = {
+                k: v for k, v in self._http.headers.items() if k.lower() != "accept-encoding"
+            }
 
     async def __aenter__(self) -> RolloutClient:
         return self
@@ -159,12 +180,25 @@ class RolloutClient:
         headers: Mapping[str, str] | None = None,
         request_timeout: httpx.Timeout | float | None = None,
     ) -> httpx.Response:
+        timeout = self.timeout if request_timeout is None else request_timeout
+        if self._lean is not None and not self._http.cookies:
+            # A whole exchange on the lean pool: httpx's client layer cost more than the
+            # connection itself on these small, hot calls.
+            sent = {**self._lean_headers, **self._headers, **(headers or {})}
+            content = b""
+            if json is not None:
+                content = _json.dumps(json, separators=(",", ":"), allow_nan=False).encode()
+                sent["content-type"] = "application/json"
+            limits = httpx.Timeout(timeout).as_dict()
+            return await self._lean.quick(
+                method, self.base_url + path, headers=sent, content=content, timeouts=limits
+            )
         return await self._http.request(
             method,
             self.base_url + path,
             json=json,
             headers={**self._headers, **(headers or {})},
-            timeout=self.timeout if request_timeout is None else request_timeout,
+            timeout=timeout,
         )
 
     # -- rollouts ------------------------------------------------------------------------

@@ -7,10 +7,12 @@ transport on it, and the controller its hop to model upstreams.
 from __future__ import annotations
 
 import asyncio
+import functools
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import cast
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -29,8 +31,8 @@ class RemoteProtocolError(Exception):
 class Connection(asyncio.Protocol):
     """One keep-alive connection; parses one answer at a time as its bytes arrive.
 
-    ``timeout`` bounds each wait for answer bytes (``None``: no bound; callers may change
-    it per request). ``decode=False`` leaves gzip and deflate bodies as they came.
+    ``timeout`` bounds each wait for answer bytes (``None``: no bound). ``decode=False``
+    leaves gzip and deflate bodies as they came. Callers may change both per request.
     """
 
     def __init__(
@@ -38,7 +40,7 @@ class Connection(asyncio.Protocol):
     ) -> None:
         self.loop = loop
         self.timeout = timeout
-        self._decode = decode
+        self.decode = decode
         self._head_only = False
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -173,7 +175,7 @@ class Connection(asyncio.Protocol):
         connection = headers.get("connection", "").lower()
         self._keep_alive = "close" not in connection if http11 else "keep-alive" in connection
         encoding = headers.get("content-encoding", "identity").strip().lower()
-        if not self._decode:
+        if not self.decode:
             pass
         elif encoding == "gzip":
             self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -347,33 +349,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
             if self._fallback is None:
                 self._fallback = self._make_fallback()
             return await self._fallback.handle_async_request(request)
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections belong to the loop that opened them
-            self._loop, self._pools = loop, {}
-        host, port = url.host, url.port or 80
-        pool = self._pools.get((host, port))
-        if pool is None:
-            pool = self._pools[(host, port)] = _Pool(loop, host, port, self._max_connections)
+        pool = self._pool(url.host, url.port or 80)
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         body = await request.aread()
         data = _request_bytes(request, body)
-        head_only = request.method == "HEAD"
-        connection = await pool.acquire(timeouts)
-        reused = connection.used
-        try:
-            await _send(pool, connection, data, head_only, timeouts.get("read"))
-        except RemoteProtocolError as exc:
-            if not (reused and connection.untouched):
-                raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-            connection = await pool.acquire(timeouts, fresh=True)
-            try:
-                await _send(pool, connection, data, head_only, timeouts.get("read"))
-            except RemoteProtocolError as again:
-                raise httpx.RemoteProtocolError(str(again), request=request) from again
-            except TimeoutError as again:
-                raise httpx.ReadTimeout(_timed_out(again), request=request) from again
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(_timed_out(exc), request=request) from exc
+        connection = await _exchange(
+            pool, data, timeouts, head_only=request.method == "HEAD", decode=False, request=request
+        )
         return httpx.Response(
             connection.status,
             headers=connection.raw_headers,
@@ -381,6 +363,47 @@ class LeanTransport(httpx.AsyncBaseTransport):
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
             request=request,
         )
+
+    async def quick(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        content: bytes = b"",
+        timeouts: Mapping[str, float | None],
+    ) -> httpx.Response:
+        """One whole exchange with an ``http://`` server, without httpx's client layer (no
+        cookies, redirects, auth hooks or proxies): for the hot calls of a protocol client
+        on loopback. The answer is read in full (decoded) before it returns."""
+        host, port, target, authority = _split(url)
+        pool = self._pool(host, port)
+        lines = [f"{method} {target} HTTP/1.1", f"host: {authority}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines.append("accept-encoding: identity")
+        if content or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            lines.append(f"content-length: {len(content)}")
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + content
+        connection = await _exchange(
+            pool, data, timeouts, head_only=method == "HEAD", decode=True, request=None
+        )
+        body = _Body(pool, connection, None)
+        parts = [part async for part in body]
+        return httpx.Response(
+            connection.status,
+            headers=[(k, v) for k, v in connection.raw_headers if k.lower() != b"content-encoding"],
+            content=parts[0] if len(parts) == 1 else b"".join(parts),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
+        )
+
+    def _pool(self, host: str, port: int) -> _Pool:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that opened them
+            self._loop, self._pools = loop, {}
+        pool = self._pools.get((host, port))
+        if pool is None:
+            pool = self._pools[(host, port)] = _Pool(loop, host, port, self._max_connections)
+        return pool
 
     async def aclose(self) -> None:
         pools, self._pools = self._pools, {}
@@ -406,10 +429,65 @@ def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+@functools.lru_cache(maxsize=4096)
+def _split(url: str) -> tuple[str, int, str, str]:
+    """``(host, port, request target, authority)`` of an ``http://`` URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http:// URL with a host")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.hostname, parts.port or 80, target, parts.netloc.rpartition("@")[2]
+
+
+async def _exchange(
+    pool: _Pool,
+    data: bytes,
+    timeouts: Mapping[str, float | None],
+    *,
+    head_only: bool,
+    decode: bool,
+    request: httpx.Request | None,
+) -> Connection:
+    """Send ``data`` on a pooled connection (once more on a fresh one when a reused one
+    turns out closed) and return it once the answer's head has arrived."""
+    connection = await pool.acquire(timeouts)
+    reused = connection.used
+    try:
+        await _send(
+            pool, connection, data, head_only=head_only, decode=decode, read=timeouts.get("read")
+        )
+    except RemoteProtocolError as exc:
+        if not (reused and connection.untouched):
+            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+        connection = await pool.acquire(timeouts, fresh=True)
+        try:
+            await _send(
+                pool,
+                connection,
+                data,
+                head_only=head_only,
+                decode=decode,
+                read=timeouts.get("read"),
+            )
+        except RemoteProtocolError as again:
+            raise httpx.RemoteProtocolError(str(again), request=request) from again
+        except TimeoutError as again:
+            raise httpx.ReadTimeout(_timed_out(again), request=request) from again
+    except TimeoutError as exc:
+        raise httpx.ReadTimeout(_timed_out(exc), request=request) from exc
+    return connection
+
+
 async def _send(
-    pool: _Pool, connection: Connection, data: bytes, head_only: bool, read: float | None
+    pool: _Pool,
+    connection: Connection,
+    data: bytes,
+    *,
+    head_only: bool,
+    decode: bool,
+    read: float | None,
 ) -> None:
-    connection.timeout = read
+    connection.timeout, connection.decode = read, decode
     try:
         await connection.request(data, head_only=head_only)
     except BaseException:
@@ -426,7 +504,7 @@ class _Body(httpx.AsyncByteStream):
     """The answer's body as httpx reads it; the connection goes back to its pool at the end
     (or is closed, when the body was not read to its end)."""
 
-    def __init__(self, pool: _Pool, connection: Connection, request: httpx.Request) -> None:
+    def __init__(self, pool: _Pool, connection: Connection, request: httpx.Request | None) -> None:
         self._pool = pool
         self._connection = connection
         self._request = request
