@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 from osmosis_ai.errors import MissingExtraError
@@ -36,7 +36,7 @@ from osmosis_ai.rollout.protocol import (
     RolloutInitRequest,
 )
 from osmosis_ai.rollout.server.execution import RolloutRunner
-from osmosis_ai.rollout.server.guard import GuardMiddleware
+from osmosis_ai.rollout.server.guard import ASGIApp, GuardMiddleware, Receive, Scope, Send
 from osmosis_ai.rollout.server.registry import DuplicateRolloutError, Registry
 from osmosis_ai.rollout.status import RolloutStatus
 
@@ -129,44 +129,62 @@ def create_rollout_server(
             await aclose_shared_transport()
             runner_box.clear()
 
-    app = FastAPI(title="osmosis rollout server", version=PACKAGE_VERSION, lifespan=server_lifespan)
-    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
-
-    @app.post("/rollout", status_code=202)
-    async def submit_rollout(request: Request) -> Response:
-        """Admit a rollout (either generation)."""
-        body = await request.body()
+    async def submit(body: bytes) -> _Answer:
         try:
             init = RolloutInitRequest.model_validate_json(body)
         except ValidationError as exc:
             return _validation_error(exc)
         if not state.accepting:
-            return JSONResponse({"detail": "rollout server is shutting down"}, status_code=503)
+            return _json_answer(503, {"detail": "rollout server is shutting down"})
         if not backend.has_capacity():
-            return JSONResponse(
+            return _json_answer(
+                429,
                 {"detail": "rollout queue is full; retry later"},
-                status_code=429,
-                headers={"Retry-After": str(RETRY_AFTER_SEC)},
+                [(b"retry-after", str(RETRY_AFTER_SEC).encode())],
             )
         try:
             admitted = runner().start(init)
         except DuplicateRolloutError:
-            return JSONResponse({"detail": "rollout_id is already registered"}, status_code=409)
+            return _json_answer(409, {"detail": "rollout_id is already registered"})
         if admitted.lease is None:
-            return Response(b"{}", status_code=202, media_type="application/json")
-        return Response(
-            json.dumps(
-                {
-                    "rollout_id": admitted.rollout_id,
-                    "status": RolloutStatus.QUEUED.value,
-                    "polling_lease_token": admitted.lease,
-                    "result_wait_timeout_sec": result_wait_timeout_sec,
-                    "polling_lease_timeout_sec": polling_lease_timeout_sec,
-                }
-            ).encode(),
-            status_code=202,
-            media_type="application/json",
-        )
+            return _Answer(202, b"{}")
+        lease = {
+            "rollout_id": admitted.rollout_id,
+            "status": RolloutStatus.QUEUED.value,
+            "polling_lease_token": admitted.lease,
+            "result_wait_timeout_sec": result_wait_timeout_sec,
+            "polling_lease_timeout_sec": polling_lease_timeout_sec,
+        }
+        return _json_answer(202, lease)
+
+    async def result(rollout_id: str, token: str | None) -> _Answer:
+        if not token:
+            missing = {
+                "type": "missing",
+                "loc": ["header", POLLING_LEASE_HEADER],
+                "msg": f"the {POLLING_LEASE_HEADER} header is required",
+            }
+            return _json_answer(422, {"detail": [missing]})
+        entry = runner().registry.entries.get(rollout_id)
+        if entry is None or entry.generation != "polling":
+            return _json_answer(404, {"detail": "unknown rollout_id"})
+        if not runner().registry.lease_matches(entry, token):
+            return _json_answer(403, {"detail": "invalid polling lease"})
+        return _Answer(200, await runner().registry.poll(entry, result_wait_timeout_sec))
+
+    app = FastAPI(title="osmosis rollout server", version=PACKAGE_VERSION, lifespan=server_lifespan)
+    # Innermost first: the guard (auth, body cap) wraps the raw fast path of the two calls
+    # every rollout makes, which skips FastAPI's routing; other middleware wraps both.
+    app.add_middleware(_HotRoutes, submit=submit, result=result)
+    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
+
+    # The FastAPI routes of the same two calls answer when the fast path does not apply
+    # (a mounted app) and document them in the OpenAPI schema.
+
+    @app.post("/rollout", status_code=202)
+    async def submit_rollout(request: Request) -> Response:
+        """Admit a rollout (either generation)."""
+        return (await submit(await request.body())).response()
 
     # Routes take the bare Request and answer with a Response: a typed parameter or return
     # value would have FastAPI build pydantic fields (and import pydantic.v1) at start-up.
@@ -174,28 +192,8 @@ def create_rollout_server(
     @app.get("/rollout/{rollout_id}/result")
     async def rollout_result(request: Request) -> Response:
         """Long-poll a polling-generation rollout with its lease."""
-        rollout_id: str = request.path_params["rollout_id"]
         token = request.headers.get(POLLING_LEASE_HEADER)
-        if not token:
-            return JSONResponse(
-                {
-                    "detail": [
-                        {
-                            "type": "missing",
-                            "loc": ["header", POLLING_LEASE_HEADER],
-                            "msg": f"the {POLLING_LEASE_HEADER} header is required",
-                        }
-                    ]
-                },
-                status_code=422,
-            )
-        entry = runner().registry.entries.get(rollout_id)
-        if entry is None or entry.generation != "polling":
-            return JSONResponse({"detail": "unknown rollout_id"}, status_code=404)
-        if not runner().registry.lease_matches(entry, token):
-            return JSONResponse({"detail": "invalid polling lease"}, status_code=403)
-        body = await runner().registry.poll(entry, result_wait_timeout_sec)
-        return Response(body, media_type="application/json")
+        return (await result(request.path_params["rollout_id"], token)).response()
 
     @app.get("/rollout/{rollout_id}/status")
     async def rollout_status(request: Request) -> Response:
@@ -208,7 +206,7 @@ def create_rollout_server(
         try:
             cancel = CancelRolloutsRequest.model_validate_json(await request.body())
         except ValidationError as exc:
-            return _validation_error(exc)
+            return _validation_error(exc).response()
         dispositions = runner().cancel(cancel.ids, cancel.prefix, cancel.all)
         return JSONResponse({"dispositions": dispositions})
 
@@ -232,6 +230,96 @@ def create_rollout_server(
 
     app.state.osmosis_process_id = process_id
     return app
+
+
+class _Answer:
+    """A JSON answer, served as a FastAPI ``Response`` or straight over ASGI."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers
+
+    def response(self) -> Response:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
+        return Response(self.body, self.status, headers, media_type="application/json")
+
+    async def send(self, send: Send) -> None:
+        head = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(self.body)),
+            *self.headers,
+        ]
+        await send({"type": "http.response.start", "status": self.status, "headers": head})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def _json_answer(
+    status: int, value: object, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> _Answer:
+    body = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return _Answer(status, body, headers)
+
+
+_RESULT_PREFIX, _RESULT_SUFFIX = "/rollout/", "/result"
+
+
+class _HotRoutes:
+    """ASGI middleware that answers ``POST /rollout`` and ``GET /rollout/{id}/result``
+    itself, skipping the router, dependency solving and request objects: every rollout
+    makes these calls, and FastAPI's layers cost more than the work behind them."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        submit: Callable[[bytes], Awaitable[_Answer]],
+        result: Callable[[str, str | None], Awaitable[_Answer]],
+    ) -> None:
+        self.app = app
+        self.submit = submit
+        self.result = result
+        self.lease_header = POLLING_LEASE_HEADER.lower().encode("latin-1")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope.get("root_path"):
+            path, method = scope["path"], scope["method"]
+            if method == "POST" and path == "/rollout":
+                body = await _read_body(receive)
+                if body is not None:  # else the client hung up: nobody to answer
+                    await (await self.submit(body)).send(send)
+                return
+            if (
+                method == "GET"
+                and path.startswith(_RESULT_PREFIX)
+                and path.endswith(_RESULT_SUFFIX)
+                and "/" not in (rollout_id := path[len(_RESULT_PREFIX) : -len(_RESULT_SUFFIX)])
+                and rollout_id
+            ):
+                token = None
+                for name, value in scope["headers"]:
+                    if name == self.lease_header:
+                        token = value.decode("latin-1")
+                        break
+                await (await self.result(rollout_id, token)).send(send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or ``None`` when the client hung up first."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _ServerState:
@@ -258,10 +346,10 @@ def _clean(message: str) -> str:
     return message.removeprefix("Value error, ")
 
 
-def _validation_error(exc: ValidationError) -> JSONResponse:
+def _validation_error(exc: ValidationError) -> _Answer:
     # Inputs are not echoed back: a body may carry API keys.
     detail = [
         {"type": err["type"], "loc": ["body", *err["loc"]], "msg": _clean(err["msg"])}
         for err in exc.errors(include_url=False, include_input=False)
     ]
-    return JSONResponse({"detail": detail}, status_code=422)
+    return _json_answer(422, {"detail": detail})

@@ -55,6 +55,7 @@ class GuardMiddleware:
             return
         length: int | None = None
         authorization = b""
+        chunked = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value
@@ -63,13 +64,15 @@ class GuardMiddleware:
                     length = int(value)
                 except ValueError:
                     length = None
+            elif name == b"transfer-encoding":
+                chunked = True
         if self.expected is not None and not hmac.compare_digest(authorization, self.expected):
             await send_json(send, 401, "unauthorized", [(b"www-authenticate", b"Bearer")])
             return
         if length is not None and length > self.max_body_bytes:
             await send_json(send, 413, self._too_large_message(length))
             return
-        if length is not None:
+        if length is not None or not chunked:  # a known length, or no body at all
             await self.app(scope, receive, send)
             return
         await self._guard_stream(scope, receive, send)
