@@ -49,7 +49,7 @@ class ArtifactsFolder:
     never write a file, so most never touch the filesystem). ``make`` returns the folder,
     or ``None`` when none could be made; its answer is kept."""
 
-    __slots__ = ("_folder", "_make", "_made")
+    __slots__ = ("_folder", "_made", "_make")
 
     def __init__(self, make: Callable[[], Path | None]) -> None:
         self._make = make
