@@ -5,7 +5,9 @@
 grader, ``rollout_func``) with the same warmed-up weights, seed, order, batch and steps;
 measured with the resumable state saved once (``ours``) and every step (``ours+save``).
 Each variant runs in its own process; peak RSS sums its process tree (ours includes the
-rollout server). ``python bench/train_loop.py [--steps 40] [--threads 1]``.
+rollout server). ``--repeat N`` runs the three variants N times, interleaved, and reports
+each round's ratios and their median (single runs on a shared 2-core machine vary by
+±10%). ``python bench/train_loop.py [--steps 40] [--threads 1] [--repeat 3]``.
 """
 
 from __future__ import annotations
@@ -199,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the three variants")
     parser.add_argument("--hidden", type=int, default=128, help="model width (tiny: 128)")
     parser.add_argument("--layers", type=int, default=2, help="model depth (tiny: 2)")
     parser.add_argument("--variant", choices=["plain", "ours", "ours+save"], help=argparse.SUPPRESS)
@@ -235,41 +238,51 @@ def report(root: Path, args: argparse.Namespace) -> None:
         "--threads",
         str(args.threads),
     ]
-    results = {v: measure(["--variant", v, *common]) for v in ("plain", "ours", "ours+save")}
-    tenth = max(1, args.steps // 10)
+    variants = ("plain", "ours", "ours+save")
+    rounds = [{v: measure(["--variant", v, *common]) for v in variants} for _ in range(args.repeat)]
     print(
         f"\n{args.steps} GRPO steps, {BATCH} prompts x {GROUP} samples, {args.threads} thread(s), "
-        f"model hidden {args.hidden} x {args.layers} layers"
+        f"model hidden {args.hidden} x {args.layers} layers, {args.repeat} round(s)"
     )
-    header = ("variant", "train() s", "s/step", "process s", "peak RSS MB", "reward 1st→last 10%")
-    widths = (-10, 10, 8, 10, 12, 22)
+    header = ("round", "variant", "train() s", "s/step", "process s", "peak RSS MB", "reward")
+    widths = (-5, -10, 10, 8, 10, 12, 22)
     print(
         " ".join(
             f"{h:<{-w}}" if w < 0 else f"{h:>{w}}" for h, w in zip(header, widths, strict=True)
         )
     )
-    for name, r in results.items():
-        rewards = r["rewards"]
-        first, last = mean(rewards, slice(0, tenth)), mean(rewards, slice(-tenth, None))
-        print(
-            f"{name:<10} {r['train_seconds']:>10.1f} {r['train_seconds'] / args.steps:>8.3f} "
-            f"{r['wall_seconds']:>10.1f} {r['peak_rss_mb']:>12.0f} {first:>11.2f} → {last:.2f}"
-        )
+    tenth = max(1, args.steps // 10)
+    for number, results in enumerate(rounds, 1):
+        for name, r in results.items():
+            rewards = r["rewards"]
+            first, last = mean(rewards, slice(0, tenth)), mean(rewards, slice(-tenth, None))
+            print(
+                f"{number:<5} {name:<10} {r['train_seconds']:>10.1f} "
+                f"{r['train_seconds'] / args.steps:>8.3f} {r['wall_seconds']:>10.1f} "
+                f"{r['peak_rss_mb']:>12.0f} {first:>11.2f} → {last:.2f}"
+            )
+        for name in ("ours", "ours+save"):
+            r = results[name]
+            phase = sorted(r["rollout_seconds"])
+            batches = [b for b in r["policy_batches"] if b is not None]
+            print(
+                f"      {name}: rollout phase median {phase[len(phase) // 2]:.3f} s/step, "
+                f"{sum(batches) / max(len(batches), 1):.1f} decode batches/step"
+            )
     for name in ("ours", "ours+save"):
-        r = results[name]
-        phase = sorted(r["rollout_seconds"])
-        batches = [b for b in r["policy_batches"] if b is not None]
+        ratios = [r[name]["train_seconds"] / r["plain"]["train_seconds"] for r in rounds]
+        rss = [r[name]["peak_rss_mb"] / r["plain"]["peak_rss_mb"] for r in rounds]
+        listed = ", ".join(f"{x:.2f}" for x in ratios)
         print(
-            f"{name}: rollout phase median {phase[len(phase) // 2]:.3f} s/step, "
-            f"{sum(batches) / max(len(batches), 1):.1f} decode batches/step"
+            f"{name} / plain: training time {median(ratios):.2f}x median ({listed}), "
+            f"peak RSS {median(rss):.2f}x (target time ≤ 1.2x)"
         )
-    plain = results["plain"]
-    for name in ("ours", "ours+save"):
-        ratio = results[name]["train_seconds"] / plain["train_seconds"]
-        rss = results[name]["peak_rss_mb"] / plain["peak_rss_mb"]
-        print(
-            f"{name} / plain: training time {ratio:.2f}x, peak RSS {rss:.2f}x (target time ≤ 1.2x)"
-        )
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 if __name__ == "__main__":
