@@ -15,6 +15,7 @@ from osmosis_ai.controller.rollout_process import (
     RolloutServerProcess,
     check_dependencies,
 )
+from osmosis_ai.testing.serving import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart" / "rollouts" / "multiply"
 
@@ -157,3 +158,47 @@ def test_a_foreign_instance_id_is_another_process(tmp_path):
     with pytest.raises(RolloutServerError, match="taken by another process"):
         server.start()
     assert not server.alive()
+
+
+BIND_RACE_SERVER = (
+    """
+import os, pathlib, sys
+marker = pathlib.Path(os.environ["BIND_MARKER"])
+if not marker.exists():  # the first start loses the port it was given to someone else
+    marker.write_text(os.environ["_OSMOSIS_ROLLOUT_PORT"])
+    print("ERROR:    [Errno 98] error while attempting to bind on address "
+          "('127.0.0.1', 1): address already in use", flush=True)
+    sys.exit(3)
+"""
+    + HEALTH_SERVER
+)
+
+
+def test_a_port_lost_before_the_child_binds_it_is_replaced(tmp_path):
+    rollout = make_rollout(tmp_path, BIND_RACE_SERVER)
+    marker = tmp_path / "first-port"
+    server = RolloutServerProcess(
+        rollout_dir=rollout,
+        entrypoint=rollout / "main.py",
+        artifact_root=tmp_path / "t",
+        env={"BIND_MARKER": str(marker)},
+    )
+    try:
+        server.start()
+        assert server.alive()
+        assert server.port != int(marker.read_text())  # started again on another port
+    finally:
+        server.stop()
+
+
+def test_a_chosen_port_that_fails_to_bind_is_not_replaced(tmp_path):
+    rollout = make_rollout(tmp_path, BIND_RACE_SERVER)
+    server = RolloutServerProcess(
+        rollout_dir=rollout,
+        entrypoint=rollout / "main.py",
+        artifact_root=tmp_path / "t",
+        port=free_port(),
+        env={"BIND_MARKER": str(tmp_path / "first-port")},
+    )
+    with pytest.raises(RolloutServerError, match="exited with code 3"):
+        server.start()

@@ -200,18 +200,20 @@ class RolloutServerProcess:
     def wait_ready(self) -> None:
         """Wait until the spawned child is healthy; raises (having stopped it) if it is not.
 
-        A free port we picked can be taken by another process before the child binds it:
-        then the child is started once more, on another free port.
+        A free port we picked can be taken by another process (or an outgoing connection's
+        local port) before the child binds it: the child then fails to bind or another
+        server answers, and it is started again on another free port (three tries).
         """
-        for attempt in range(1 if self._port_given else 2):
+        tries = 1 if self._port_given else _PORT_TRIES
+        for attempt in range(tries):
             try:
                 self._wait_healthy()
                 return
-            except _PortTaken:
+            except _PortTaken as taken:
                 self.stop()
-                if attempt == 1 or self._port_given:
+                if attempt == tries - 1:
                     raise RolloutServerError(
-                        f"port {self.port} was taken by another process"
+                        f"port {self.port} was taken by another process{taken.detail}"
                     ) from None
             self.port = _free_port()
             self._spawn()
@@ -291,6 +293,8 @@ class RolloutServerProcess:
         if self._reader is not None:
             self._reader.join(timeout=2)
         code = self.process.returncode
+        if not self._port_given and "address already in use" in self.output_tail().lower():
+            raise _PortTaken(f"; its last output:\n{self.output_tail()}")
         raise RolloutServerError(
             f"the rollout server (rollouts/{self.rollout_dir.name}/{self.entrypoint.name}) exited "
             f"with code {code} before it was healthy; its last output:\n{self.output_tail()}"
@@ -320,7 +324,14 @@ class RolloutServerProcess:
 
 
 class _PortTaken(Exception):
-    """Something else answers on the port we picked."""
+    """Something else answers on, or holds, the port we picked."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+_PORT_TRIES = 3
 
 
 def _free_port() -> int:
