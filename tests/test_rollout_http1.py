@@ -231,3 +231,14 @@ async def test_quick_exchanges_skip_the_client_layer_and_decode_the_body():
     assert b"\r\nx-k: v\r\n" in head and b"\r\naccept-encoding: identity\r\n" in head
     assert server.requests[1][0].startswith(b"GET /r?x=2 HTTP/1.1\r\n")
     assert b"content-length" not in server.requests[1][0]
+
+
+async def test_cookies_are_still_kept_when_an_answer_sets_them():
+    replies = [ok(b"plain"), ok(b"sets", b"set-cookie: session=abc; Path=/\r\n"), ok(b"sent")]
+    async with raw_server(answers(*replies)) as server, async_client() as client:
+        await client.get(server.url)
+        assert not client.cookies
+        await client.get(server.url)
+        assert client.cookies.get("session") == "abc"
+        await client.get(server.url)
+    assert b"\r\ncookie: session=abc\r\n" in server.requests[2][0].lower()

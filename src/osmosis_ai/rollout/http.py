@@ -35,7 +35,19 @@ def async_client(
     ``options`` go to ``httpx.AsyncClient`` (``timeout``, ``headers``, ``base_url``, ...).
     Create it inside a running event loop and close it with ``aclose()``.
     """
-    return httpx.AsyncClient(transport=_transport(max_connections), **options)
+    client = httpx.AsyncClient(transport=_transport(max_connections), **options)
+    # httpx parses every answer for cookies through the stdlib jar, which cost as much as
+    # the connection itself on a loopback call; skip it when the answer sets none.
+    client._cookies = _Cookies(client.cookies)  # pyright: ignore[reportPrivateUsage]
+    return client
+
+
+class _Cookies(httpx.Cookies):
+    """A client's cookie store that reads an answer only when it carries ``Set-Cookie``."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        if "set-cookie" in response.headers:
+            super().extract_cookies(response)
 
 
 def _transport(max_connections: int) -> httpx.AsyncBaseTransport:
