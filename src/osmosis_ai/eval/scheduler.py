@@ -37,6 +37,7 @@ from osmosis_ai.eval.outcome import (
 from osmosis_ai.eval.plan import EvalPlan, GenerationChoice
 from osmosis_ai.eval.projections import TRAJECTORY_FILE
 from osmosis_ai.eval.workitems import Attempt, WorkItem
+from osmosis_ai.rollout.http import async_client
 
 TRAJECTORY_WAIT_SEC = 30.0
 _SERVER_CHECK_SEC = 0.2
@@ -49,13 +50,14 @@ RecordHook = Callable[[JournalRecord], None]
 async def dispatcher_pool(
     server_url: str, service: ControllerService
 ) -> AsyncGenerator[Callable[[GenerationChoice], Dispatcher]]:
-    """Yields a factory of dispatchers to ``server_url``, each with its own small HTTP client
-    (httpx's pool costs O(connections²) per request); all are closed on exit."""
+    """Yields a factory of dispatchers to ``server_url``, each with its own HTTP client on
+    the lean loopback transport (its protocol calls skip httpx's client layer); all are
+    closed on exit."""
     clients: list[httpx.AsyncClient] = []
 
     def make(generation: GenerationChoice) -> Dispatcher:
-        # Plain HTTP on loopback: no CA bundle to load.
-        client = httpx.AsyncClient(timeout=HTTP_TIMEOUT_SEC, verify=False)
+        # Plain HTTP on loopback: the lean transport, no CA bundle to load.
+        client = async_client(timeout=HTTP_TIMEOUT_SEC, verify=False)
         clients.append(client)
         return Dispatcher(server_url, service, generation=generation, http_client=client)
 

@@ -35,9 +35,16 @@ def async_client(
     ``options`` go to ``httpx.AsyncClient`` (``timeout``, ``headers``, ``base_url``, ...).
     Create it inside a running event loop and close it with ``aclose()``.
     """
-    client = httpx.AsyncClient(transport=_transport(max_connections), **options)
-    # httpx parses every answer for cookies through the stdlib jar, which cost as much as
-    # the connection itself on a loopback call; skip it when the answer sets none.
+    return fast_cookies(httpx.AsyncClient(transport=_transport(max_connections), **options))
+
+
+def fast_cookies(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """``client``, reading answers for cookies only when they carry ``Set-Cookie``.
+
+    httpx parses every answer through the stdlib cookie jar, which cost as much as the
+    lean connection itself on a loopback call. Assigning ``client.cookies`` later puts
+    httpx's own store back.
+    """
     client._cookies = _Cookies(client.cookies)  # pyright: ignore[reportPrivateUsage]
     return client
 

@@ -24,7 +24,7 @@ except ModuleNotFoundError as exc:
     raise MissingExtraError("openai-agents", "the OpenAI client integration", exc.name) from exc
 
 from osmosis_ai.rollout.context import RolloutContext, SampleSource
-from osmosis_ai.rollout.http import shared_transport
+from osmosis_ai.rollout.http import fast_cookies, shared_transport
 from osmosis_ai.rollout.integrations import (
     NO_API_KEY,
     check_bound_rollout,
@@ -129,7 +129,8 @@ def bound_http_client(
     """
     options.setdefault("timeout", _TIMEOUT)
     options.setdefault("follow_redirects", True)
-    return httpx.AsyncClient(transport=_RolloutTransport(rollout, transcript), **options)
+    client = httpx.AsyncClient(transport=_RolloutTransport(rollout, transcript), **options)
+    return fast_cookies(client)
 
 
 class _RolloutTransport(httpx.AsyncBaseTransport):
