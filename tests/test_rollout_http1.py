@@ -10,6 +10,7 @@ import importlib.util
 import httpx
 import pytest
 
+from osmosis_ai.rollout.client import RolloutClient
 from osmosis_ai.rollout.http import async_client
 from osmosis_ai.rollout.http1 import LeanTransport
 from rawhttp import RawServer, answers, chunked, ok, raw_server
@@ -242,3 +243,23 @@ async def test_cookies_are_still_kept_when_an_answer_sets_them():
         assert client.cookies.get("session") == "abc"
         await client.get(server.url)
     assert b"\r\ncookie: session=abc\r\n" in server.requests[2][0].lower()
+
+
+async def test_rollout_client_skips_the_client_layer_only_when_it_adds_nothing():
+    status = ok(b'{"rollout_id":"r1","status":"running"}')
+    seen: list[str] = []
+
+    async def hook(request: httpx.Request) -> None:
+        seen.append(request.url.path)
+
+    async with raw_server(answers(status, status)) as server:
+        async with async_client() as plain:
+            answer = await RolloutClient(base(server), api_key="k", http_client=plain).status("r1")
+            assert answer.status.value == "running"
+        async with async_client(event_hooks={"request": [hook]}) as hooked:
+            await RolloutClient(base(server), http_client=hooked).status("r1")
+    assert seen == ["/rollout/r1/status"]  # the hooked client went through httpx
+    quick, layered = (head.lower() for head, _ in server.requests)
+    assert b"\r\naccept-encoding: identity\r\n" in quick
+    assert b"\r\nauthorization: bearer k\r\n" in quick
+    assert b"\r\naccept-encoding: identity\r\n" not in layered

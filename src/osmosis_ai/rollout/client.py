@@ -125,6 +125,19 @@ def _lean_transport(client: httpx.AsyncClient, base_url: str) -> LeanTransport |
     return None
 
 
+def _plain(client: httpx.AsyncClient) -> bool:
+    """Whether the client adds nothing to a request that the quick path would leave out:
+    no cookies, auth, event hooks or default query parameters."""
+    hooks = client.event_hooks
+    return (
+        client.auth is None
+        and not client.cookies
+        and not client.params
+        and not hooks["request"]
+        and not hooks["response"]
+    )
+
+
 class RolloutClient:
     """Client of one rollout server; use as ``async with RolloutClient(url) as client``.
 
@@ -181,7 +194,7 @@ class RolloutClient:
         request_timeout: httpx.Timeout | float | None = None,
     ) -> httpx.Response:
         timeout = self.timeout if request_timeout is None else request_timeout
-        if self._lean is not None and not self._http.cookies:
+        if self._lean is not None and _plain(self._http):
             # A whole exchange on the lean pool: httpx's client layer cost more than the
             # connection itself on these small, hot calls.
             sent = {**self._lean_headers, **self._headers, **(headers or {})}
