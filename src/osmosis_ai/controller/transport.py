@@ -126,13 +126,13 @@ class HttpxTransport:
             "POST", self._url, headers=self._headers, content=content, extensions=self._extensions
         )
         try:
-            return _HttpxAnswer(await self._client.send(request, stream=True), self._target)
+            return ResponseAnswer(await self._client.send(request, stream=True), self._target)
         except (httpx.RemoteProtocolError, httpx.ReadError):
             pass  # a pooled connection the server closed as it was reused: once more, fresh
         except httpx.TransportError as exc:
             raise connection_error(self._target, exc, "while sending the request") from exc
         try:
-            return _HttpxAnswer(await self._client.send(request, stream=True), self._target)
+            return ResponseAnswer(await self._client.send(request, stream=True), self._target)
         except httpx.TransportError as exc:
             raise connection_error(self._target, exc, "while sending the request") from exc
 
@@ -142,7 +142,9 @@ class HttpxTransport:
             self._client = None
 
 
-class _HttpxAnswer:
+class ResponseAnswer:
+    """An :class:`Answer` over an ``httpx.Response`` whose body has not been read yet."""
+
     __slots__ = ("_response", "_target")
 
     def __init__(self, response: httpx.Response, target: str) -> None:

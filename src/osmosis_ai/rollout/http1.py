@@ -324,7 +324,8 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class LeanTransport(httpx.AsyncBaseTransport):
     """An ``httpx`` transport that sends ``http://`` requests over :class:`Connection`
     pools (one per origin, up to ``max_connections`` each) and hands anything else
-    (``https``, proxies) to ``fallback``, built on first need.
+    (``https``, proxies) to ``fallback``, built on first need (without one, such requests
+    fail with ``httpx.UnsupportedProtocol``).
 
     A request's body is sent whole with a ``content-length``; its ``timeout`` extension
     bounds connecting, waiting for a pooled connection and each wait for answer bytes.
@@ -335,7 +336,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self,
         *,
         max_connections: int,
-        fallback: Callable[[], httpx.AsyncBaseTransport],
+        fallback: Callable[[], httpx.AsyncBaseTransport] | None = None,
     ) -> None:
         self._max_connections = max_connections
         self._make_fallback = fallback
@@ -346,6 +347,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         if url.scheme != "http" or "proxy" in request.extensions:
+            if self._make_fallback is None:
+                raise httpx.UnsupportedProtocol(f"{url.scheme}:// needs a fallback transport")
             if self._fallback is None:
                 self._fallback = self._make_fallback()
             return await self._fallback.handle_async_request(request)
@@ -356,13 +359,25 @@ class LeanTransport(httpx.AsyncBaseTransport):
         connection = await _exchange(
             pool, data, timeouts, head_only=request.method == "HEAD", decode=False, request=request
         )
-        return httpx.Response(
-            connection.status,
-            headers=connection.raw_headers,
-            stream=_Body(pool, connection, request),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
-            request=request,
+        return _response(pool, connection, request)
+
+    async def send_raw(
+        self,
+        host: str,
+        port: int,
+        data: bytes,
+        *,
+        timeouts: Mapping[str, float | None],
+        head_only: bool = False,
+    ) -> httpx.Response:
+        """Send pre-built request bytes to ``host:port`` on this transport's pools; the
+        answer streams its body, already decoded (for callers that build the request head
+        once and skip httpx's client layer)."""
+        pool = self._pool(host, port)
+        connection = await _exchange(
+            pool, data, timeouts, head_only=head_only, decode=True, request=None
         )
+        return _response(pool, connection, None)
 
     async def quick(
         self,
@@ -376,25 +391,18 @@ class LeanTransport(httpx.AsyncBaseTransport):
         """One whole exchange with an ``http://`` server, without httpx's client layer (no
         cookies, redirects, auth hooks or proxies): for the hot calls of a protocol client
         on loopback. The answer is read in full (decoded) before it returns."""
-        host, port, target, authority = _split(url)
-        pool = self._pool(host, port)
+        host, port, target, authority = split_url(url)
         lines = [f"{method} {target} HTTP/1.1", f"host: {authority}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         lines.append("accept-encoding: identity")
         if content or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
             lines.append(f"content-length: {len(content)}")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + content
-        connection = await _exchange(
-            pool, data, timeouts, head_only=method == "HEAD", decode=True, request=None
+        response = await self.send_raw(
+            host, port, data, timeouts=timeouts, head_only=method == "HEAD"
         )
-        body = _Body(pool, connection, None)
-        parts = [part async for part in body]
-        return httpx.Response(
-            connection.status,
-            headers=[(k, v) for k, v in connection.raw_headers if k.lower() != b"content-encoding"],
-            content=parts[0] if len(parts) == 1 else b"".join(parts),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
-        )
+        await response.aread()
+        return response
 
     def _pool(self, host: str, port: int) -> _Pool:
         loop = asyncio.get_running_loop()
@@ -429,8 +437,22 @@ def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+def _response(pool: _Pool, connection: Connection, request: httpx.Request | None) -> httpx.Response:
+    """The answer whose head has arrived on ``connection``, its body streaming from it."""
+    headers = connection.raw_headers
+    if connection.decode:  # the connection decoded the body: httpx must not do it again
+        headers = [(k, v) for k, v in headers if k.lower() != b"content-encoding"]
+    return httpx.Response(
+        connection.status,
+        headers=headers,
+        stream=_Body(pool, connection, request),
+        extensions={"http_version": b"HTTP/1.1", "reason_phrase": connection.reason},
+        request=request,
+    )
+
+
 @functools.lru_cache(maxsize=4096)
-def _split(url: str) -> tuple[str, int, str, str]:
+def split_url(url: str) -> tuple[str, int, str, str]:
     """``(host, port, request target, authority)`` of an ``http://`` URL."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
