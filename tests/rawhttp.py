@@ -80,3 +80,61 @@ def chunked(*pieces: bytes, trailer: bytes = b"") -> bytes:
     body = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces)
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
     return head + b"\r\n\r\n" + body + b"0\r\n" + trailer + b"\r\n"
+
+
+def streams_in_two(release: asyncio.Event) -> Handler:
+    """A chunked answer: ``first`` at once, ``second`` (and the end) once ``release`` is set."""
+
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(chunked(b"first")[: -len(b"0\r\n\r\n")])
+        await writer.drain()
+        await release.wait()
+        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    return handler
+
+
+async def first_connection_dies_when_idle(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+) -> None:
+    """Answers ``answer``; the first connection is then closed, unannounced, once idle."""
+    await server.read_request(reader)
+    writer.write(ok(b"answer"))
+    await writer.drain()
+    if server.connections == 1:
+        await server.read_request(reader)
+        return
+    await reader.read()
+
+
+def first_answer_stalls(start: bytes, then: bytes) -> Handler:
+    """The first connection gets ``start`` (a head and part of its body) and nothing more;
+    later connections get ``ok(then)``."""
+
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(start if server.connections == 1 else ok(then))
+        await writer.drain()
+        await reader.read()
+
+    return handler
+
+
+def answers_then_closes(reply: bytes) -> Handler:
+    """Writes ``reply`` to the first request, then closes the connection."""
+
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        await server.read_request(reader)
+        writer.write(reply)
+        await writer.drain()
+
+    return handler

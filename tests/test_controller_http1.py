@@ -17,7 +17,17 @@ from osmosis_ai.controller import UpstreamConnectionError
 from osmosis_ai.controller.http1 import Http1Transport
 from osmosis_ai.controller.transport import HttpxTransport, Transport, open_transport
 from osmosis_ai.errors import UsageError
-from rawhttp import RawServer, answers, chunked, ok, raw_server
+from rawhttp import (
+    RawServer,
+    answers,
+    answers_then_closes,
+    chunked,
+    first_answer_stalls,
+    first_connection_dies_when_idle,
+    ok,
+    raw_server,
+    streams_in_two,
+)
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 HEADERS = {"content-type": "application/json", "authorization": "Bearer k"}
@@ -64,19 +74,7 @@ async def test_posts_the_body_and_reads_the_answer_on_one_kept_alive_connection(
 @pytest.mark.parametrize("kind", ["http1", "httpx"])
 async def test_chunks_arrive_as_the_server_sends_them(kind: str):
     release = asyncio.Event()
-
-    async def handler(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(chunked(b"first")[: -len(b"0\r\n\r\n")])
-        await writer.drain()
-        await release.wait()
-        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-
-    async with raw_server(handler) as server:
+    async with raw_server(streams_in_two(release)) as server:
         transport = transports(server.url)[kind == "httpx"]
         try:
             answer = await transport.post(b"{}")
@@ -91,18 +89,7 @@ async def test_chunks_arrive_as_the_server_sends_them(kind: str):
 
 
 async def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
-    async def handler(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(ok(b"answer"))
-        await writer.drain()
-        if server.connections == 1:  # the first connection dies once idle, unannounced
-            await server.read_request(reader)
-            return
-        await reader.read()
-
-    async with raw_server(handler) as server:
+    async with raw_server(first_connection_dies_when_idle) as server:
         transport = http1(server.url)
         try:
             assert await (await transport.post(b"1")).read() == b"answer"
@@ -226,14 +213,7 @@ async def test_a_body_read_to_close_and_connection_close_are_not_reused():
     ],
 )
 async def test_malformed_or_cut_answers_are_connection_errors(reply: bytes, message: str):
-    async def handler(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(reply)
-        await writer.drain()
-
-    async with raw_server(handler) as server:
+    async with raw_server(answers_then_closes(reply)) as server:
         transport = http1(server.url)
         try:
             with pytest.raises(UpstreamConnectionError, match=message) as caught:
@@ -281,20 +261,8 @@ async def test_the_pool_caps_connections_and_hands_them_over():
 
 
 async def test_a_cancelled_call_frees_its_connection():
-    async def handler(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        if server.connections == 1:  # the first answer never ends
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nstart")
-            await writer.drain()
-            await reader.read()
-            return
-        writer.write(ok(b"second"))
-        await writer.drain()
-        await reader.read()
-
-    async with raw_server(handler) as server:
+    never_ends = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nstart"
+    async with raw_server(first_answer_stalls(never_ends, b"second")) as server:
         transport = http1(server.url, max_connections=1)
         try:
             answer = await transport.post(b"{}")

@@ -13,7 +13,16 @@ import pytest
 from osmosis_ai.rollout.client import RolloutClient
 from osmosis_ai.rollout.http import async_client
 from osmosis_ai.rollout.http1 import LeanTransport
-from rawhttp import RawServer, answers, chunked, ok, raw_server
+from rawhttp import (
+    RawServer,
+    answers,
+    answers_then_closes,
+    first_answer_stalls,
+    first_connection_dies_when_idle,
+    ok,
+    raw_server,
+    streams_in_two,
+)
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
@@ -46,20 +55,8 @@ async def test_requests_share_one_kept_alive_connection_and_keep_their_heads():
 
 async def test_a_streamed_body_arrives_as_the_server_sends_it():
     release = asyncio.Event()
-
-    async def handler(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(chunked(b"first")[: -len(b"0\r\n\r\n")])
-        await writer.drain()
-        await release.wait()
-        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-
     async with (
-        raw_server(handler) as server,
+        raw_server(streams_in_two(release)) as server,
         async_client() as client,
         client.stream("POST", server.url, content=b"{}") as response,
     ):
@@ -88,20 +85,11 @@ async def test_head_answers_have_no_body_and_the_connection_is_reused():
 
 
 async def test_an_unread_body_closes_its_connection_instead_of_reusing_it():
-    async def handler(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        if server.connections == 1:  # half the body, then nothing more
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf.")
-            await writer.drain()
-            await reader.read()
-            return
-        writer.write(ok(b"next"))
-        await writer.drain()
-        await reader.read()
-
-    async with raw_server(handler) as server, async_client() as client:
+    half = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf."
+    async with (
+        raw_server(first_answer_stalls(half, b"next")) as server,
+        async_client() as client,
+    ):
         async with client.stream("GET", server.url) as response:
             assert await anext(response.aiter_raw()) == b"half."  # the rest is left unread
         assert (await client.get(server.url)).text == "next"
@@ -109,18 +97,7 @@ async def test_an_unread_body_closes_its_connection_instead_of_reusing_it():
 
 
 async def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
-    async def handler(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(ok(b"answer"))
-        await writer.drain()
-        if server.connections == 1:  # the first connection dies once idle, unannounced
-            await server.read_request(reader)
-            return
-        await reader.read()
-
-    async with raw_server(handler) as server, async_client() as client:
+    async with raw_server(first_connection_dies_when_idle) as server, async_client() as client:
         assert (await client.post(server.url, content=b"1")).text == "answer"
         assert (await client.post(server.url, content=b"2")).text == "answer"
     assert server.connections == 2
@@ -145,14 +122,7 @@ async def test_failures_are_httpx_errors():
 
     cut = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"
 
-    async def hang_up(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(cut)
-        await writer.drain()
-
-    async with raw_server(hang_up) as server, async_client() as client:
+    async with raw_server(answers_then_closes(cut)) as server, async_client() as client:
         with pytest.raises(httpx.RemoteProtocolError, match="mid-answer"):
             await client.get(server.url)
 
