@@ -11,14 +11,12 @@ extras, e.g. ``python3.12 -m venv /tmp/orig && /tmp/orig/bin/pip install
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from osmosis_ai.testing.model_server import ScriptedModelServer
-from test_templates_eval import FRAMEWORKS, Calculator, osmosis
+from test_templates_eval import FRAMEWORKS, eval_against_calculator, osmosis
 
 COMPAT_PYTHON = os.environ.get("OSMOSIS_COMPAT_PYTHON", "")
 SERVE = Path(__file__).resolve().parents[1] / "bench" / "serve_template.py"
@@ -57,14 +55,7 @@ def test_eval_run_drives_the_original_server(tmp_path: Path, name: str):
     entrypoint.rename(entrypoint.with_name("template_main.py"))
     entrypoint.write_text(SHIM.format(python=COMPAT_PYTHON, serve=str(SERVE)))
 
-    model = Calculator()
-    with ScriptedModelServer(responder=model) as server:
-        env |= {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test"}
-        done = osmosis(
-            workspace, "eval", "run", f"configs/eval/{name}.toml", "--json", "-y", env=env
-        )
-    assert done.stdout.strip(), done.stderr
-    envelope = json.loads(done.stdout)
+    envelope, model = eval_against_calculator(workspace, name, env)
     assert envelope["status"] == "success", envelope
     metrics = envelope["resource"]["metrics"]
     assert (metrics["total_samples"], metrics["passed"], metrics["failed"]) == (20, 20, 0)

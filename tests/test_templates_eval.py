@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,21 @@ class Calculator:
         return ScriptedTurn(tool_calls=[ToolCall("multiply", {"a": a, "b": b})])
 
 
+def eval_against_calculator(
+    workspace: Path, name: str, env: dict[str, str]
+) -> tuple[dict[str, Any], Calculator]:
+    """``osmosis eval run configs/eval/<name>.toml --json`` against a scripted calculator
+    model; the JSON envelope and the model (which counts its tool calls and answers)."""
+    model = Calculator()
+    with ScriptedModelServer(responder=model) as server:
+        env = env | {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test"}
+        done = osmosis(
+            workspace, "eval", "run", f"configs/eval/{name}.toml", "--json", "-y", env=env
+        )
+    assert done.stdout.strip(), done.stderr
+    return json.loads(done.stdout), model
+
+
 def osmosis(cwd: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "osmosis_ai.cli.main", *args],
@@ -85,14 +101,7 @@ def test_template_scores_full_marks(tmp_path, name):
     assert applied.returncode == 0, applied.stderr
     assert json.loads(applied.stdout)["resource"]["workspace"] == str(workspace)
 
-    model = Calculator()
-    with ScriptedModelServer(responder=model) as server:
-        env |= {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test"}
-        done = osmosis(
-            workspace, "eval", "run", f"configs/eval/{name}.toml", "--json", "-y", env=env
-        )
-    assert done.stdout.strip(), done.stderr
-    envelope = json.loads(done.stdout)
+    envelope, model = eval_against_calculator(workspace, name, env)
     resource = envelope["resource"]
     assert envelope["status"] == "success", resource.get("failed_rows")
     metrics = resource["metrics"]
