@@ -12,7 +12,7 @@ import pytest
 
 from osmosis_ai.rollout.client import RolloutClient
 from osmosis_ai.rollout.http import async_client
-from osmosis_ai.rollout.http1 import LeanTransport
+from osmosis_ai.rollout.http1 import LeanTransport, split_url
 from rawhttp import (
     RawServer,
     answers,
@@ -233,3 +233,31 @@ async def test_rollout_client_skips_the_client_layer_only_when_it_adds_nothing()
     assert b"\r\naccept-encoding: identity\r\n" in quick
     assert b"\r\nauthorization: bearer k\r\n" in quick
     assert b"\r\naccept-encoding: identity\r\n" not in layered
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "http://127.0.0.1:8000/rollout/a%2Fb/result",
+            ("127.0.0.1", 8000, "/rollout/a%2Fb/result"),
+        ),
+        ("http://h", ("h", 80, "/")),
+        ("http://h?x=1#top", ("h", 80, "/?x=1")),
+        ("http://user:pw@h:81/p#f", ("h", 81, "/p")),
+        ("http://[::1]:9/v1", ("::1", 9, "/v1")),
+        ("HTTP://H:82/", ("h", 82, "/")),
+    ],
+)
+def test_split_url_parses_the_origin_and_keeps_the_target(
+    url: str, expected: tuple[str, int, str]
+) -> None:
+    host, port, target, authority = split_url(url)
+    assert (host, port, target) == expected
+    assert "@" not in authority
+
+
+@pytest.mark.parametrize("url", ["https://h/x", "ftp://h", "http:///x", "h:80/x"])
+def test_split_url_refuses_anything_but_http_with_a_host(url: str) -> None:
+    with pytest.raises(ValueError, match="is not an http:// URL with a host"):
+        split_url(url)

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -49,7 +49,24 @@ _GATEWAY_STATUSES = frozenset({502, 503, 504})
 # rollout.http reports a server disconnect as a connect timeout.
 _TRANSPORT_ERRORS = (httpx.TransportError,)
 _M = TypeVar("_M", bound=BaseModel)
-_Send = Callable[..., Awaitable[httpx.Response]]
+
+
+class _Answer(Protocol):
+    """What the client reads of an answer: an ``httpx.Response`` or the lean transport's
+    ``QuickAnswer``."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def content(self) -> bytes: ...
+    @property
+    def text(self) -> str: ...
+    def json(self) -> Any: ...
+
+
+_Send = Callable[..., Awaitable[_Answer]]
 
 
 class SubmitOptions(TypedDict, total=False):
@@ -70,7 +87,7 @@ class RolloutAdmissionTimeoutError(OsmosisError, TimeoutError):
     """The server kept answering ``429`` until the admission budget ran out."""
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(response: _Answer) -> str:
     try:
         body = response.json()
     except ValueError:
@@ -86,14 +103,14 @@ def _detail(response: httpx.Response) -> str:
     return str(detail)[:500]
 
 
-def _unexpected(response: httpx.Response, what: str) -> RolloutProtocolError:
+def _unexpected(response: _Answer, what: str) -> RolloutProtocolError:
     return RolloutProtocolError(
         f"{what} answered HTTP {response.status_code}: {_detail(response)}",
         status_code=response.status_code,
     )
 
 
-def _parse(model: type[_M], response: httpx.Response, what: str) -> _M:
+def _parse(model: type[_M], response: _Answer, what: str) -> _M:
     try:
         return model.model_validate_json(response.content)
     except ValidationError as exc:
@@ -103,9 +120,9 @@ def _parse(model: type[_M], response: httpx.Response, what: str) -> _M:
         ) from exc
 
 
-def _retry_after(response: httpx.Response) -> float:
+def _retry_after(response: _Answer) -> float:
     try:
-        delay = float(response.headers.get("Retry-After", RETRY_AFTER_DEFAULT_SEC))
+        delay = float(response.headers.get("retry-after", RETRY_AFTER_DEFAULT_SEC))
     except ValueError:  # an HTTP-date or junk
         delay = RETRY_AFTER_DEFAULT_SEC
     if not math.isfinite(delay):
@@ -192,7 +209,7 @@ class RolloutClient:
         json: object = None,
         headers: Mapping[str, str] | None = None,
         request_timeout: httpx.Timeout | float | None = None,
-    ) -> httpx.Response:
+    ) -> _Answer:
         timeout = self.timeout if request_timeout is None else request_timeout
         if self._lean is not None and _plain(self._http):
             # A whole exchange on the lean pool: httpx's client layer cost more than the
@@ -278,7 +295,7 @@ class RolloutClient:
             await asyncio.sleep(delay)
 
     @staticmethod
-    def _parse_lease(response: httpx.Response, rollout_id: str) -> RolloutInitResponse:
+    def _parse_lease(response: _Answer, rollout_id: str) -> RolloutInitResponse:
         try:
             lease = RolloutInitResponse.model_validate_json(response.content)
         except ValidationError as exc:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -318,6 +319,28 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError("no answer bytes within the read timeout"))
 
 
+class QuickAnswer:
+    """A whole answer from :meth:`LeanTransport.quick`: the parts of an ``httpx.Response``
+    a protocol client reads (``headers`` has lower-case names, repeats joined)."""
+
+    __slots__ = ("content", "headers", "status_code")
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    def __repr__(self) -> str:
+        return f"<QuickAnswer [{self.status_code}]>"
+
+
 # -- an httpx transport on these connections --------------------------------------------------
 
 
@@ -387,10 +410,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
         headers: Mapping[str, str],
         content: bytes = b"",
         timeouts: Mapping[str, float | None],
-    ) -> httpx.Response:
+    ) -> QuickAnswer:
         """One whole exchange with an ``http://`` server, without httpx's client layer (no
         cookies, redirects, auth hooks or proxies): for the hot calls of a protocol client
-        on loopback. The answer is read in full (decoded) before it returns."""
+        on loopback. The answer is read in full (decoded) before it returns; failures are
+        httpx's exceptions."""
         host, port, target, authority = split_url(url)
         lines = [f"{method} {target} HTTP/1.1", f"host: {authority}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
@@ -398,11 +422,16 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if content or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
             lines.append(f"content-length: {len(content)}")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + content
-        response = await self.send_raw(
-            host, port, data, timeouts=timeouts, head_only=method == "HEAD"
+        pool = self._pool(host, port)
+        connection = await _exchange(
+            pool, data, timeouts, head_only=method == "HEAD", decode=True, request=None
         )
-        await response.aread()
-        return response
+        chunks = [chunk async for chunk in _Body(pool, connection, None)]
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        headers = connection.headers
+        if "content-encoding" in headers:  # decoded here already
+            headers = {k: v for k, v in headers.items() if k != "content-encoding"}
+        return QuickAnswer(connection.status, headers, body)
 
     def _pool(self, host: str, port: int) -> _Pool:
         loop = asyncio.get_running_loop()
@@ -451,14 +480,27 @@ def _response(pool: _Pool, connection: Connection, request: httpx.Request | None
     )
 
 
-@functools.lru_cache(maxsize=4096)
 def split_url(url: str) -> tuple[str, int, str, str]:
-    """``(host, port, request target, authority)`` of an ``http://`` URL."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"{url!r} is not an http:// URL with a host")
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return parts.hostname, parts.port or 80, target, parts.netloc.rpartition("@")[2]
+    """``(host, port, request target, authority)`` of an ``http://`` URL (its fragment
+    dropped). Only the origin is parsed in full, once per origin: the targets of the hot
+    protocol calls differ in every call."""
+    scheme, sep, rest = url.partition("://")
+    end = len(rest)
+    for mark in "/?#":
+        found = rest.find(mark, 0, end)
+        if found >= 0:
+            end = found
+    host, port, authority = _origin(f"{scheme}{sep}{rest[:end]}")
+    target = rest[end:].partition("#")[0]
+    return host, port, target if target.startswith("/") else f"/{target}", authority
+
+
+@functools.lru_cache(maxsize=256)
+def _origin(origin: str) -> tuple[str, int, str]:
+    parts = urlsplit(origin)
+    if parts.scheme.lower() != "http" or not parts.hostname:
+        raise ValueError(f"{origin!r} is not an http:// URL with a host")
+    return parts.hostname, parts.port or 80, parts.netloc.rpartition("@")[2]
 
 
 async def _exchange(
