@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ pytest.importorskip("uvicorn", reason="run_rollout_server needs the server extra
 
 ENTRYPOINT = textwrap.dedent(
     """
+    import gc
     import sys
 
     from osmosis_ai.rollout import AgentWorkflow, LocalBackend
@@ -32,6 +34,7 @@ ENTRYPOINT = textwrap.dedent(
 
     options = {"access_log": True} if "--access-log" in sys.argv else {}
     run_rollout_server(create_rollout_server(backend=LocalBackend(workflow=Idle)), **options)
+    print(f"frozen objects: {gc.get_freeze_count()}")
     """
 )
 
@@ -70,6 +73,9 @@ def test_serves_on_the_port_env_with_startup_logs_and_no_access_log(tmp_path: Pa
     output = serve_and_poll(tmp_path)
     assert "Uvicorn running on http://127.0.0.1:" in output
     assert "GET /health" not in output
+    # what existed at start-up (the app, its libraries) sat out full garbage collections
+    frozen = re.search(r"frozen objects: (\d+)", output)
+    assert frozen is not None and int(frozen.group(1)) > 10_000, output
 
 
 def test_access_log_comes_back_on_request(tmp_path: Path):

@@ -7,6 +7,7 @@ run directory; resume, Ctrl-C, kill -9 and a grader without rewards are ``slow``
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -144,8 +145,16 @@ def test_cli_smoke_trains_and_writes_a_loadable_checkpoint(workspace: Path, caps
 
 @pytest.mark.slow
 def test_resume_continues_with_the_same_data_order(workspace: Path):
-    first = run_training(options(workspace, name="r", max_steps=2))
+    frozen: list[int] = []
+
+    def on_event(event: object) -> None:
+        if type(event).__name__ == "StepEvent":
+            frozen.append(gc.get_freeze_count())
+
+    first = run_training(options(workspace, name="r", max_steps=2), on_event)
     assert first.status == "success" and first.steps_done == 2
+    # the run's long-lived objects sit out full collections while it trains, and only then
+    assert len(frozen) == 2 and min(frozen) > 0 and gc.get_freeze_count() == 0
     again = run_training(options(workspace, name="r", max_steps=4, resume=True))
     assert again.resumed and again.steps_done == 4 and again.warmup_steps == 0
     assert [r["step"] for r in metrics(again.run_dir)] == [1, 2, 3, 4]

@@ -8,6 +8,7 @@ checkpointing; TRL does the GRPO maths, the optimizer and its resumable checkpoi
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import tempfile
@@ -281,7 +282,17 @@ def served_model(trainer: Any) -> Any:
 def run(trainer: Any, plan: TrainPlan, resume_from: Path | None) -> None:
     """``trainer.train``, resuming from ``resume_from`` when given."""
     target = None if resume_from is None else str(resume_from)
-    _guard_memory(lambda: trainer.train(resume_from_checkpoint=target), plan, "a GRPO step", None)
+    # The model, tokenizer, trainer and libraries live for the whole run: freezing them keeps
+    # them out of every later full collection, which otherwise stalls a step for ~0.3 s on
+    # even a tiny model (and splits its decode batch).
+    gc.collect()
+    gc.freeze()
+    try:
+        _guard_memory(
+            lambda: trainer.train(resume_from_checkpoint=target), plan, "a GRPO step", None
+        )
+    finally:
+        gc.unfreeze()
 
 
 def _guard_memory(call: Callable[[], Any], plan: TrainPlan, what: str, batch: int | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -38,6 +39,9 @@ def run_rollout_server(
     and journals each rollout itself, so the log would cost CPU and bury the lines that
     matter; pass ``access_log=True`` to have it back. No websocket routes are served, so no
     websocket library is loaded either (``ws="none"``): it would only slow the start-up.
+    What exists when it is called (the app, the workflow's libraries) is frozen out of the
+    garbage collector's full passes (``gc.freeze``): those would otherwise stall every
+    rollout in flight for tens of milliseconds every few hundred rollouts.
     """
     import uvicorn
 
@@ -48,6 +52,8 @@ def run_rollout_server(
         "ws": "none",
     }
     options.update(uvicorn_options)
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
         app,
         host=host or os.environ.get(HOST_ENV) or DEFAULT_HOST,
