@@ -183,6 +183,32 @@ def test_expected_callers_wait_for_each_other_and_never_hang(fresh: LocalPolicy)
     fresh.expect_callers(0)
 
 
+def test_a_held_policy_queues_requests_and_serves_them_with_the_weights_of_release(
+    fresh: LocalPolicy,
+):
+    body = {"messages": USER, "temperature": 0, "max_tokens": 4}
+    before = fresh.batches
+    fresh.hold(True)
+    answers: list[Any] = [None] * 2
+
+    def call(i: int) -> None:
+        answers[i] = fresh.chat(dict(body))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)  # far past the batch linger: only the hold keeps them waiting
+    assert fresh.batches == before and answers == [None, None]
+    with fresh.updating(7):
+        pass  # the trainer's update lands while they wait
+    assert fresh.batches == before
+    fresh.hold(False)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert fresh.batches - before == 1  # released together: one batch
+    assert [a["policy_version"] for a in answers] == [7, 7]
+
+
 def test_samples_sharing_a_prompt_match_their_separate_decodes(policy: LocalPolicy):
     # Rows with one prompt share its prefill (its cache is copied): the same tokens and
     # logprobs as decoding each prompt on its own.

@@ -13,6 +13,7 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,14 @@ class TrainingUpstream:
         """Generation batches the local policy has run so far (``None``: not served locally)."""
         return None if self._local is None else self._local.batches
 
+    def hold(self, held: bool) -> bool:
+        """Start no generation while held (requests queue); ``False`` when this upstream
+        cannot hold (it is not the local policy)."""
+        if self._local is None:
+            return False
+        self._local.hold(held)
+        return True
+
     def expect_callers(self, count: int) -> None:
         """How many rollouts are in flight: the local policy waits for that many requests
         before it starts a batch (other upstreams batch on their own)."""
@@ -109,6 +118,14 @@ class TrainingUpstream:
             await self._inner.aclose()
 
 
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Rollouts :meth:`RolloutBridge.launch` started; their outcomes come from
+    :meth:`RolloutBridge.finish`."""
+
+    task: asyncio.Task[list[DispatchOutcome]]
+
+
 class RolloutBridge:
     """Starts and owns the rollout server process and the controller service (127.0.0.1
     only); :meth:`run` dispatches rollouts through them from the trainer's thread."""
@@ -141,6 +158,7 @@ class RolloutBridge:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pending: set[Future[Any]] = set()
+        self._batches: set[asyncio.Task[list[DispatchOutcome]]] = set()
         self._finished: list[str] = []
         self._pruning: threading.Thread | None = None
 
@@ -199,6 +217,11 @@ class RolloutBridge:
 
     def run(self, requests: Sequence[DispatchRequest]) -> list[DispatchOutcome]:
         """Dispatch every request at once; one outcome each, in order."""
+        return self.finish(self.launch(requests))
+
+    def launch(self, requests: Sequence[DispatchRequest]) -> RolloutBatch:
+        """Start dispatching every request at once and return without waiting; collect the
+        outcomes with :meth:`finish` (or drop them with :meth:`abandon`)."""
         if self._dispatcher is None:
             raise UsageError("the rollout bridge is not started")
         if not self.server.alive():
@@ -226,17 +249,42 @@ class RolloutBridge:
             finally:
                 upstream.expect_callers(0)
 
-        outcomes: list[DispatchOutcome] = self._call(run_all())
+        async def spawn() -> asyncio.Task[list[DispatchOutcome]]:
+            task = asyncio.ensure_future(run_all())
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+            return task
+
+        return RolloutBatch(self._call(spawn()))
+
+    def finish(self, batch: RolloutBatch) -> list[DispatchOutcome]:
+        """Wait for the outcomes of a :meth:`launch`, in the order of its requests."""
+
+        async def outcomes() -> list[DispatchOutcome]:
+            return await batch.task  # cancelling this wait (close) cancels the batch
+
+        result: list[DispatchOutcome] = self._call(outcomes())
         # <artifact_root>/<rollout id>/artifacts/ exists when the rollout asked for it: drop
         # the empty ones a batch late (so late trajectory files land first), in the
         # background while the trainer updates.
-        previous, self._finished = self._finished, [o.rollout_id for o in outcomes]
+        previous, self._finished = self._finished, [o.rollout_id for o in result]
         if previous:
             self._pruning = threading.Thread(
                 target=self._prune, args=(previous,), name="osmosis-prune", daemon=True
             )
             self._pruning.start()
-        return outcomes
+        return result
+
+    def abandon(self, batch: RolloutBatch) -> None:
+        """Cancel a :meth:`launch` nobody will collect (its remote rollouts too) and wait
+        until it has wound down."""
+
+        async def cancel() -> None:
+            batch.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await batch.task
+
+        self._call(cancel())
 
     def _prune(self, rollout_ids: Sequence[str]) -> None:
         root = self.server.artifact_root
@@ -282,6 +330,10 @@ class RolloutBridge:
         self._loop = self._thread = None
 
     async def _close(self) -> None:
+        for task in list(self._batches):  # launched and never collected
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         if self._dispatcher is not None:
             await self._dispatcher.aclose()
         await asyncio.to_thread(self.server.stop)

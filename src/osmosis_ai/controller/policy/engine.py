@@ -171,11 +171,12 @@ class LocalPolicy:
         self._rng.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8)) >> 1)
         self._version = 0
         self._engine = threading.Lock()  # the model: one batch or one weight update at a time
-        self._queue = threading.Condition()  # guards the four fields below
+        self._queue = threading.Condition()  # guards the five fields below
         self._pending: deque[_Job] = deque()
         self._runner: threading.Thread | None = None
         self._callers = 0
         self._arrived = 0.0
+        self._held = False  # no batch starts while held
         self._batch_s = 0.0  # recent batches' duration: a maximum that decays
         self.batches = 0  # batches run so far (how well concurrent requests batch)
         self.batch_linger_s = DEFAULT_BATCH_LINGER_S
@@ -274,6 +275,15 @@ class LocalPolicy:
             if self._pending:
                 self._queue.notify_all()
 
+    def hold(self, held: bool) -> None:
+        """While held, no batch starts and requests queue. Lets the rollouts of the next
+        training step start and reach the policy while the trainer still computes the
+        update: the trainer releases them once the new weights are in place and it asks for
+        that step (the model is then the trainer's alone to use)."""
+        with self._queue:
+            self._held = held
+            self._queue.notify_all()
+
     def _job(
         self,
         prompts: Sequence[Sequence[int]],
@@ -343,8 +353,10 @@ class LocalPolicy:
             raise
 
     def _next_batch(self) -> list[_Job]:
-        # Called holding ``_queue``: waits for the expected callers, then takes up to
-        # ``max_batch_rows`` rows (always at least one job).
+        # Called holding ``_queue``: waits out a hold and for the expected callers, then
+        # takes up to ``max_batch_rows`` rows (always at least one job).
+        while self._pending and self._held:
+            self._queue.wait()  # hold() notifies
         started = time.monotonic()
         linger = max(self.batch_linger_s, self._batch_s)
         while self._pending and not self._batch_ready():
