@@ -165,8 +165,11 @@ def run_ours(
     return {
         "train_seconds": marks["end"] - marks["start"],
         "rewards": list(result.rewards),
-        # the rollout phase of a step (dispatch to the last outcome) and its decode batches
+        # the rollout phase of a step (dispatch to the last outcome; the next step's rollouts
+        # are dispatched while the trainer updates), how long the trainer waited for it, and
+        # its decode batches
         "rollout_seconds": [r["rollout_seconds"] for r in records],
+        "wait_seconds": [r["rollout_wait_seconds"] for r in records],
         "policy_batches": [r.get("policy_batches") for r in records],
     }
 
@@ -263,10 +266,11 @@ def report(root: Path, args: argparse.Namespace) -> None:
             )
         for name in ("ours", "ours+save"):
             r = results[name]
-            phase = sorted(r["rollout_seconds"])
+            phase, wait = sorted(r["rollout_seconds"]), sorted(r["wait_seconds"])
             batches = [b for b in r["policy_batches"] if b is not None]
             print(
                 f"      {name}: rollout phase median {phase[len(phase) // 2]:.3f} s/step, "
+                f"trainer waited {wait[len(wait) // 2]:.3f} s/step for it, "
                 f"{sum(batches) / max(len(batches), 1):.1f} decode batches/step"
             )
     for name in ("ours", "ours+save"):

@@ -9,7 +9,10 @@ calls is masked, and an agent that edits its own history yields a counted chain 
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -19,9 +22,11 @@ pytest.importorskip("transformers", reason="needs the 'train' extra")
 from osmosis_ai.controller.dispatch import DispatchRequest
 from osmosis_ai.controller.policy import LocalPolicy
 from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
+from osmosis_ai.train.collect import REWARD_FIELD, RolloutCollector, prompt_for
 from osmosis_ai.train.errors import TokenFidelityError
 from osmosis_ai.train.tiny_model import build_tiny_model
 from osmosis_ai.train.tokens import build_row, split_chains, usable_calls
+from osmosis_ai.workspace import DatasetRow
 
 MAX_TOKENS = 3
 
@@ -182,6 +187,79 @@ def test_an_agent_that_edits_its_history_is_caught(served):
         assert row is not None and row.chain_breaks == 1 and row.calls == 1
         with pytest.raises(TokenFidelityError, match="append-only"):
             build_row(outcome.rollout_id, outcome.calls, 1.0, max_response_length=4096, strict=True)
+
+
+ROWS = [
+    DatasetRow([{"role": "user", "content": f"What is {i} times 7?"}], str(7 * i), {"seed": i})
+    for i in range(4)
+]
+STEPS = {1: [0, 0, 1, 1], 2: [2, 2, 3, 3]}
+
+
+def collector(bridge: RolloutBridge, policy: LocalPolicy, next_rows: Any) -> RolloutCollector:
+    return RolloutCollector(
+        bridge,
+        ROWS,
+        fallback_prompt=lambda row: policy.encode(policy.render(row.initial_messages)),
+        stop_id=int(policy.tokenizer.eos_token_id),
+        agent_timeout_sec=60,
+        grader_timeout_sec=30,
+        max_response_length=64,
+        group_size=2,
+        next_rows=next_rows,
+    )
+
+
+def step_prompts(step: int) -> list[Any]:
+    return [prompt_for(i, ROWS[i]) for i in STEPS[step]]
+
+
+def test_the_next_step_is_dispatched_ahead_and_generated_after_the_update(served, monkeypatch):
+    policy, bridge = served
+    versions: list[int] = []
+    achat = policy.achat
+
+    async def recording(body: dict[str, Any]) -> dict[str, Any]:
+        answer = await achat(body)
+        versions.append(answer["policy_version"])
+        return answer
+
+    monkeypatch.setattr(policy, "achat", recording)
+    rollouts = collector(bridge, policy, STEPS.get)
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
+    with policy.updating(0):
+        pass
+    first = rollouts(step_prompts(1), trainer)
+    assert first[REWARD_FIELD] == [1.0] * 4 and versions == [0] * 8
+    # Step 2's rollouts are running: their first model calls wait for the trainer's update.
+    batches = policy.batches
+    time.sleep(0.5)
+    assert policy.batches == batches and len(versions) == 8
+    with policy.updating(1):
+        pass
+    trainer.state.global_step = 1
+    second = rollouts(step_prompts(2), trainer)
+    assert second[REWARD_FIELD] == [1.0] * 4
+    assert versions[8:] == [1] * 8  # every sample of step 2 from the updated policy
+    stats = rollouts.last
+    assert stats is not None and stats.wait_seconds < stats.seconds
+    assert stats.policy_batches is not None and stats.policy_batches >= 2  # two turns
+
+
+def test_rollouts_dispatched_for_the_wrong_prompts_are_cancelled_and_redone(served):
+    policy, bridge = served
+    rollouts = collector(bridge, policy, lambda step: STEPS[1])  # a wrong guess for step 2
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
+    rollouts(step_prompts(1), trainer)
+    trainer.state.global_step = 1
+    second = rollouts(step_prompts(2), trainer)
+    assert second[REWARD_FIELD] == [1.0] * 4
+    # the rows are those of step 2's prompts (each row's prompt starts with its first call's)
+    for i, prompt in zip(STEPS[2], second["prompt_ids"], strict=True):
+        expected = policy.encode(policy.render(ROWS[i].initial_messages, tools=_TOOLS))
+        assert prompt[: len(expected)] == expected
+    assert rollouts.next_rows is None  # no more guessing for the rest of the run
+    assert len(bridge.run(requests("faithful", 2))) == 2  # nothing was left held
 
 
 _TOOLS = [

@@ -201,6 +201,9 @@ class FakeUpstream:
     policy_version = 3
     batches = None  # not a local policy: no batch count in the metrics
 
+    def hold(self, held: bool) -> bool:
+        return False  # cannot hold: nothing is dispatched ahead
+
 
 class FakeBridge:
     """Answers each request from a script keyed by row index."""
@@ -210,9 +213,15 @@ class FakeBridge:
         self.upstream = FakeUpstream()
         self.requests: list[DispatchRequest] = []
 
-    def run(self, requests: list[DispatchRequest]) -> list[DispatchOutcome]:
+    def launch(self, requests: list[DispatchRequest]) -> list[DispatchRequest]:
         self.requests.extend(requests)
+        return requests
+
+    def finish(self, requests: list[DispatchRequest]) -> list[DispatchOutcome]:
         return [self.script[r.extra_fields["row_index"]].pop(0) for r in requests]
+
+    def run(self, requests: list[DispatchRequest]) -> list[DispatchOutcome]:
+        return self.finish(self.launch(requests))
 
 
 class FakeTrainer:

@@ -1,12 +1,19 @@
 """TRL's ``rollout_func``: each prompt of a step becomes a rollout through the protocol,
 each rollout a training row with its reward (``None`` when it has none: excluded).
 
+With the local policy, the next step's rollouts are dispatched as soon as a step's rows are
+handed over, so the rollout server starts them while the trainer computes the update; the
+policy holds their model calls until the trainer asks for that step, after the update, so
+every sample still comes from the current policy. A step whose prompts turn out different
+is cancelled and dispatched anew.
+
 Prompts carry their dataset row (``osmosis_row`` on their messages) for the label and
 metadata; rewards reach TRL as the extra field ``osmosis_reward``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import Counter
@@ -16,11 +23,13 @@ from typing import Any
 
 from osmosis_ai.controller.dispatch import DispatchOutcome, DispatchRequest
 from osmosis_ai.rollout.status import RolloutStatus
-from osmosis_ai.train.bridge import RolloutBridge
+from osmosis_ai.train.bridge import RolloutBatch, RolloutBridge
 from osmosis_ai.train.errors import NoRewardError
 from osmosis_ai.train.events import EvalSummary
 from osmosis_ai.train.tokens import TrainingRow, build_row, excluded_row
 from osmosis_ai.workspace import DatasetRow
+
+logger = logging.getLogger(__name__)
 
 ROW_KEY = "osmosis_row"
 REWARD_FIELD = "osmosis_reward"
@@ -90,6 +99,7 @@ class StepStats:
     env_tokens: int = 0
     total_tokens: int = 0
     seconds: float = 0.0
+    wait_seconds: float = 0.0
     policy_version: int = 0
     policy_version_lag: int = 0
     policy_batches: int | None = None  # generation batches of the local policy, when local
@@ -107,6 +117,7 @@ class StepStats:
             "truncation_ratio": self.truncated / max(self.scored, 1),
             "total_length": self.total_tokens / max(self.scored, 1),
             "rollout_seconds": round(self.seconds, 4),
+            "rollout_wait_seconds": round(self.wait_seconds, 4),
             "rollouts_per_s": self.rollouts / seconds,
             "tokens_per_s": (self.model_tokens + self.env_tokens) / seconds,
             "policy_version": self.policy_version,
@@ -115,11 +126,24 @@ class StepStats:
         }
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """A step's rollouts dispatched before TRL asked for them."""
+
+    step: int
+    indices: list[int]
+    batch: RolloutBatch
+    started: float
+    batches: int | None  # the policy's batch count when they were dispatched
+
+
 class RolloutCollector:
     """The ``rollout_func``: dispatches one rollout per prompt and builds their rows.
 
     ``fallback_prompt(row)`` tokenizes a row's prompt for rollouts that made no model call
     (their excluded row needs a prompt); ``stop_id`` is the token such a row completes with.
+    ``next_rows(step)`` gives the dataset rows of ``step``'s prompts (in order) when its
+    rollouts may be dispatched ahead, else ``None``; without it nothing is.
     """
 
     def __init__(
@@ -135,6 +159,7 @@ class RolloutCollector:
         group_size: int,
         strict: bool = False,
         on_failure: Callable[[str, str], None] | None = None,
+        next_rows: Callable[[int], list[int] | None] | None = None,
     ) -> None:
         self.bridge = bridge
         self.rows = rows
@@ -146,8 +171,10 @@ class RolloutCollector:
         self.group_size = group_size
         self.strict = strict
         self.on_failure = on_failure
+        self.next_rows = next_rows
         self.last: StepStats | None = None
         self._fallbacks: dict[int, list[int]] = {}
+        self._ahead: _Ahead | None = None
 
     def request(self, index: int, sample: int, **extra: Any) -> DispatchRequest:
         row = self.rows[index]
@@ -160,19 +187,30 @@ class RolloutCollector:
             extra_fields={"row_index": index, "sample_index": sample, **extra},
         )
 
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
-        step = int(trainer.state.global_step) + 1
-        version = self.bridge.upstream.policy_version
-        indices = [row_index(prompt) for prompt in prompts]
+    def requests(self, indices: Sequence[int], step: int, version: int) -> list[DispatchRequest]:
+        """One rollout per prompt of ``step`` (rows repeat: each sample is numbered)."""
         seen: Counter[int] = Counter()
         requests: list[DispatchRequest] = []
         for index in indices:
             requests.append(self.request(index, seen[index], step=step, policy_version=version))
             seen[index] += 1
-        started = time.perf_counter()
-        batches = self.bridge.upstream.batches
-        outcomes = self.bridge.run(requests)
-        stats = StepStats(seconds=time.perf_counter() - started, policy_version=version)
+        return requests
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        called = time.perf_counter()
+        step = int(trainer.state.global_step) + 1
+        version = self.bridge.upstream.policy_version
+        indices = [row_index(prompt) for prompt in prompts]
+        ahead = self._take_ahead(step, indices)
+        if ahead is None:
+            started, batches = time.perf_counter(), self.bridge.upstream.batches
+            batch = self.bridge.launch(self.requests(indices, step, version))
+        else:
+            started, batch, batches = ahead.started, ahead.batch, ahead.batches
+        outcomes = self.bridge.finish(batch)
+        done = time.perf_counter()
+        stats = StepStats(seconds=done - started, wait_seconds=done - called)
+        stats.policy_version = version
         after = self.bridge.upstream.batches
         if batches is not None and after is not None:
             stats.policy_batches = after - batches
@@ -188,6 +226,7 @@ class RolloutCollector:
                 f"common failure: {reason}. Fix the rollout (try `osmosis eval run` on the "
                 "same rollout), then resume with --resume"
             )
+        self._dispatch_ahead(step + 1, version + 1)
         return {
             "prompt_ids": [row.prompt_ids for row in rows],
             "completion_ids": [row.completion_ids for row in rows],
@@ -195,6 +234,41 @@ class RolloutCollector:
             "env_mask": [row.env_mask for row in rows],
             REWARD_FIELD: [row.reward for row in rows],
         }
+
+    def _dispatch_ahead(self, step: int, version: int) -> None:
+        """Start ``step``'s rollouts now (to be served by ``version``), their model calls
+        held until the trainer asks for that step."""
+        indices = self.next_rows(step) if self.next_rows is not None else None
+        if not indices or not self.bridge.upstream.hold(True):
+            return
+        started, batches = time.perf_counter(), self.bridge.upstream.batches
+        batch = self.bridge.launch(self.requests(indices, step, version))
+        self._ahead = _Ahead(step, indices, batch, started, batches)
+
+    def _take_ahead(self, step: int, indices: list[int]) -> _Ahead | None:
+        """The rollouts dispatched ahead for this step, if they are for these prompts (any
+        others are cancelled); their model calls are released either way."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        self.bridge.upstream.hold(False)
+        if ahead.step == step and ahead.indices == indices:
+            return ahead
+        self.bridge.abandon(ahead.batch)
+        self.next_rows = None  # the trainer's order is not the predicted one: stop guessing
+        logger.warning(
+            "step %d's prompts differ from the rollouts dispatched ahead for it; they were "
+            "cancelled and later steps are dispatched only when the trainer asks",
+            step,
+        )
+        return None
+
+    def drop_ahead(self) -> None:
+        """Cancel rollouts dispatched ahead for a step that will not run."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self.bridge.upstream.hold(False)
+            self.bridge.abandon(ahead.batch)
 
     def _row(self, index: int, outcome: DispatchOutcome, stats: StepStats) -> TrainingRow:
         stats.rollouts += 1

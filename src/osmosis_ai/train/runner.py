@@ -279,6 +279,7 @@ class _Run:
             on_failure=lambda rollout_id, reason: self.journal.warning(
                 "rollout", reason, rollout_id=rollout_id
             ),
+            next_rows=self._next_rows if vllm_url is None else None,
         )
         if self.resume_point is not None:
             done = int(self.resume_point.name.rpartition("-")[2])
@@ -301,7 +302,10 @@ class _Run:
             f"GRPO: {plan.steps - self.steps_done} steps ({training.loss_type}, "
             f"lr {training.lr:g}, kl {training.kl_coef:g})"
         )
-        engine.run(self.trainer, plan, self.resume_point)
+        try:
+            engine.run(self.trainer, plan, self.resume_point)
+        finally:
+            self.collector.drop_ahead()
         stopped = callback.stopped_early
         last = self.steps_done
         if last and not any(p.name == f"step-{last:06d}" for p in self.rundir.list_checkpoints()):
@@ -314,6 +318,16 @@ class _Run:
             )
             return "interrupted"
         return "success" if last >= plan.steps else "partial"
+
+    def _next_rows(self, step: int) -> list[int] | None:
+        """The rows of ``step``'s prompts (each sampled ``group`` times, in TRL's order) when
+        its rollouts may be dispatched while the previous step updates: not past the last
+        step, not across a validation or a stop request."""
+        plan, interval = self.plan, self.plan.config.checkpoints.eval_interval
+        if step > plan.steps or self.stop.requested or (interval and (step - 1) % interval == 0):
+            return None
+        rows = plan.order[(step - 1) * plan.batch : step * plan.batch]
+        return [row for row in rows for _ in range(plan.group)]
 
     # -- StepHooks (called by the trainer's callback) ---------------------------------------
 
