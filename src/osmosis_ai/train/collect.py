@@ -209,8 +209,9 @@ class RolloutCollector:
             started, batch, batches = ahead.started, ahead.batch, ahead.batches
         outcomes = self.bridge.finish(batch)
         done = time.perf_counter()
-        stats = StepStats(seconds=done - started, wait_seconds=done - called)
-        stats.policy_version = version
+        stats = StepStats(
+            seconds=done - started, wait_seconds=done - called, policy_version=version
+        )
         after = self.bridge.upstream.batches
         if batches is not None and after is not None:
             stats.policy_batches = after - batches
