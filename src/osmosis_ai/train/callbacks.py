@@ -58,6 +58,9 @@ class RunCallback(TrainerCallback):
     ) -> None:
         if logs and "reward" in logs:
             self.hooks.record_step(int(state.global_step), dict(logs))
+        # metrics.jsonl keeps the history; the trainer's copy goes into the resumable state
+        # saved every step, where the whole history made each save O(steps): 45 ms at step 200
+        del state.log_history[:-1]
 
 
 class WarmupCallback(TrainerCallback):
