@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import os
 import signal
 import threading
@@ -350,9 +351,13 @@ class _Invocation:
         self._dispatch_started = time.monotonic()
         self.emit(DispatchStartedEvent(len(pending), len(pool), self.tally.snapshot()))
         refresher = asyncio.create_task(self.projections.keep_current(self.latest))
+        # What exists by now lives for the whole run (and torch, with a local policy): keep
+        # it out of full collections, which stall every rollout in flight.
+        gc.freeze()
         try:
             await scheduler.run(pool, server, pending)
         finally:
+            gc.unfreeze()
             self.projections.stop()  # the final refresh follows, after this one ends
             await asyncio.gather(refresher, return_exceptions=True)
 
