@@ -254,3 +254,17 @@ def test_cli_demo_sets_up_the_workspace_and_trains(tmp_path: Path, capsys):
     ):
         assert (demo / name).is_file(), name
     assert Path(resource["plot_path"]).is_file()
+
+
+def test_training_sends_no_hub_telemetry_unless_asked(monkeypatch: pytest.MonkeyPatch):
+    from huggingface_hub import constants
+
+    from osmosis_ai.train import engine
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "0")  # the user asked for it: kept
+    engine.quiet()
+    assert constants.HF_HUB_DISABLE_TELEMETRY is False
+    monkeypatch.delenv("HF_HUB_DISABLE_TELEMETRY")
+    engine.quiet()  # TRL would report each trainer it builds to the Hub
+    assert constants.HF_HUB_DISABLE_TELEMETRY is True

@@ -43,11 +43,17 @@ def require_train_extra(*, lora: bool = False) -> None:
 
 def quiet() -> None:
     """Keep library progress bars, per-step log prints and known deprecation noise off the
-    terminal: the run reports through its own events and files."""
+    terminal (the run reports through its own events and files), and the run off the
+    network: TRL reports every trainer it builds to the Hugging Face Hub unless telemetry
+    is off, so it is, unless ``HF_HUB_DISABLE_TELEMETRY`` says otherwise."""
     import warnings
 
     import datasets
     import transformers
+    from huggingface_hub import constants
+
+    if "HF_HUB_DISABLE_TELEMETRY" not in os.environ:
+        constants.HF_HUB_DISABLE_TELEMETRY = True
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
