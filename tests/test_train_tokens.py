@@ -235,7 +235,9 @@ ROWS = [
 ]
 
 
-def collector(script: dict[int, list[DispatchOutcome]], group: int = 2) -> RolloutCollector:
+def collector(
+    script: dict[int, list[DispatchOutcome]], group: int = 2, *, sampler_logprobs: bool = True
+) -> RolloutCollector:
     return RolloutCollector(
         FakeBridge(script),  # type: ignore[arg-type]
         ROWS,
@@ -245,7 +247,17 @@ def collector(script: dict[int, list[DispatchOutcome]], group: int = 2) -> Rollo
         grader_timeout_sec=10,
         max_response_length=1024,
         group_size=group,
+        sampler_logprobs=sampler_logprobs,
     )
+
+
+def test_trl_gets_logprobs_only_for_a_sampler_it_corrects_and_no_mask_of_ones():
+    single = [call(0, SYSTEM_AND_USER, [*b"7", IM_END])]
+    script = {1: [outcome("e", 1.0, single), outcome("f", 0.0, single)]}
+    out = collector(script, sampler_logprobs=False)([prompt_for(1, ROWS[1])] * 2, FakeTrainer())
+    # as with TRL's own generation: no sampler logprobs, and no env_mask when nothing is masked
+    assert out["logprobs"] is None and "env_mask" not in out
+    assert out[REWARD_FIELD] == [1.0, 0.0] and out["completion_ids"] == [[*b"7", IM_END]] * 2
 
 
 def test_collector_maps_each_prompt_to_its_row_and_returns_trl_fields():

@@ -144,6 +144,8 @@ class RolloutCollector:
     (their excluded row needs a prompt); ``stop_id`` is the token such a row completes with.
     ``next_rows(step)`` gives the dataset rows of ``step``'s prompts (in order) when its
     rollouts may be dispatched ahead, else ``None``; without it nothing is.
+    ``sampler_logprobs``: hand TRL the sampled tokens' logprobs (its vLLM importance
+    sampling correction reads them; nothing else does).
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class RolloutCollector:
         strict: bool = False,
         on_failure: Callable[[str, str], None] | None = None,
         next_rows: Callable[[int], list[int] | None] | None = None,
+        sampler_logprobs: bool = False,
     ) -> None:
         self.bridge = bridge
         self.rows = rows
@@ -172,6 +175,7 @@ class RolloutCollector:
         self.strict = strict
         self.on_failure = on_failure
         self.next_rows = next_rows
+        self.sampler_logprobs = sampler_logprobs
         self.last: StepStats | None = None
         self._fallbacks: dict[int, list[int]] = {}
         self._ahead: _Ahead | None = None
@@ -196,7 +200,7 @@ class RolloutCollector:
             seen[index] += 1
         return requests
 
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any] | None]:
         called = time.perf_counter()
         step = int(trainer.state.global_step) + 1
         version = self.bridge.upstream.policy_version
@@ -228,13 +232,17 @@ class RolloutCollector:
                 "same rollout), then resume with --resume"
             )
         self._dispatch_ahead(step + 1, version + 1)
-        return {
+        output: dict[str, list[Any] | None] = {
             "prompt_ids": [row.prompt_ids for row in rows],
             "completion_ids": [row.completion_ids for row in rows],
-            "logprobs": [row.logprobs for row in rows],
-            "env_mask": [row.env_mask for row in rows],
+            # TRL reads the sampler's logprobs only to correct for a vLLM sampler; like its
+            # own generation path it gets none otherwise (and pads nothing for them)
+            "logprobs": [row.logprobs for row in rows] if self.sampler_logprobs else None,
             REWARD_FIELD: [row.reward for row in rows],
         }
+        if any(0 in row.env_mask for row in rows):  # a mask of ones is no mask at all
+            output["env_mask"] = [row.env_mask for row in rows]
+        return output
 
     def _dispatch_ahead(self, step: int, version: int) -> None:
         """Start ``step``'s rollouts now (to be served by ``version``), their model calls

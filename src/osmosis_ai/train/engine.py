@@ -256,7 +256,7 @@ def build_trainer(
     plan: TrainPlan,
     args: Any,
     *,
-    rollout_func: Callable[[list[Any], Any], dict[str, list[Any]]],
+    rollout_func: Callable[[list[Any], Any], dict[str, list[Any] | None]],
     callbacks: Sequence[Any],
 ) -> Any:
     from datasets import Dataset

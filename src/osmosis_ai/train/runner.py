@@ -280,6 +280,7 @@ class _Run:
                 "rollout", reason, rollout_id=rollout_id
             ),
             next_rows=self._next_rows if vllm_url is None else None,
+            sampler_logprobs=vllm_url is not None,
         )
         if self.resume_point is not None:
             done = int(self.resume_point.name.rpartition("-")[2])
