@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytest.importorskip("torch", reason="needs the 'train' extra: pip install \"osmosis-ai[train]\"")
@@ -219,8 +220,8 @@ def test_kill_9_loses_at_most_the_current_step(workspace: Path):
     resumed = run_training(options(workspace, name="k", resume=True, max_steps=logged + 1))
     assert [r["step"] for r in metrics(resumed.run_dir)] == list(range(1, logged + 2))
     assert resumed.steps_done == logged + 1
-    with pytest.raises(ProcessLookupError):  # the resume stopped the orphaned server
-        os.kill(orphan, 0)
+    # the resume stopped the orphaned server (a zombie only awaits reaping by its adopter)
+    assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
     assert not (run_dir / "rollout-server.json").exists()
 
 
