@@ -257,13 +257,14 @@ class RolloutCollector:
     def _take_ahead(self, step: int, indices: list[int]) -> _Ahead | None:
         """The rollouts dispatched ahead for this step, if they are for these prompts (any
         others are cancelled); their model calls are released either way."""
-        ahead, self._ahead = self._ahead, None
+        ahead = self._ahead
         if ahead is None:
             return None
-        self.bridge.upstream.hold(False)
         if ahead.step == step and ahead.indices == indices:
+            self._ahead = None
+            self.bridge.upstream.hold(False)
             return ahead
-        self.bridge.abandon(ahead.batch)
+        self.drop_ahead()
         self.next_rows = None  # the trainer's order is not the predicted one: stop guessing
         logger.warning(
             "step %d's prompts differ from the rollouts dispatched ahead for it; they were "
