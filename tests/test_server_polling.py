@@ -104,6 +104,28 @@ async def test_progress_statuses_are_reported(artifact_root):
     assert result["_seen"] == ["grading", "success"]  # each poll returns at a status change
 
 
+async def test_a_quick_grade_answers_the_waiting_poll_with_the_result(artifact_root):
+    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    async with (
+        rollout_server(backend, result_wait_timeout_sec=5) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        lease = await submit(
+            client, init_body("q", "http://127.0.0.1:9/v1", metadata={"sleep": 0.3})
+        )
+        # grading then success within the coalescing window: the poll gets the result,
+        # never a grading answer that would cost a second poll
+        result = await poll_until_done(client, "q", lease)
+        assert "grading" not in result["_seen"] and result["_seen"][-1] == "success"
+        # a poll that begins during a change's coalescing window is not woken by it
+        lease = await submit(
+            client, init_body("w", "http://127.0.0.1:9/v1", metadata={"sleep": 0.3})
+        )
+        await asyncio.sleep(0.01)  # queued -> running happened; its wake is still pending
+        result = await poll_until_done(client, "w", lease)
+        assert result["_seen"] == ["success"]
+
+
 @pytest.mark.parametrize(
     ("fields", "status", "reward", "has_sample"),
     [

@@ -4,6 +4,11 @@ One entry per rollout id. Polling-generation entries hold a lease (only its SHA-
 is kept) that every poll renews; when polls stop for longer than the lease, a timer fails
 the rollout with ``lease_expired``. Terminal results are kept, pre-encoded, for the
 retention period, after which the id is forgotten and may be admitted again.
+
+A long poll returns at every status change. A progress change (``running``, ``grading``)
+wakes it once it has lasted :data:`PROGRESS_COALESCE_SEC`, so a rollout that moves on at
+once (a quick grader) answers its poll with the later state, and the poll that a
+short-lived ``grading`` would cost is saved; a terminal result wakes it at once.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from osmosis_ai.rollout.protocol import Generation
 from osmosis_ai.rollout.sample import RolloutSample
 from osmosis_ai.rollout.status import RolloutErrorCategory, RolloutStatus
 
+PROGRESS_COALESCE_SEC = 0.05
+
 
 class DuplicateRolloutError(Exception):
     """A polling-generation request reused an id the server still holds."""
@@ -40,6 +47,7 @@ class Entry:
     lease_digest: bytes | None = None
     lease_deadline: float = 0.0
     lease_timer: asyncio.TimerHandle | None = None
+    progress_timer: asyncio.TimerHandle | None = None
     reward: float | None = None
     err_message: str | None = None
     result_body: bytes | None = None
@@ -72,16 +80,18 @@ def result_body(
     err_category: RolloutErrorCategory | None,
 ) -> bytes:
     """Encode a terminal result, nulling the reward unless the rollout succeeded and counts."""
-    return json.dumps(
-        {
-            "rollout_id": rollout_id,
-            "status": status.value,
-            "sample": wire_sample(sample, status),
-            "err_message": err_message,
-            "err_category": None if err_category is None else err_category.value,
-        },
-        allow_nan=False,
-    ).encode()
+    body: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "status": status.value,
+        "sample": _counted(sample.wire_dict(), sample, status) if sample is not None else None,
+        "err_message": err_message,
+        "err_category": None if err_category is None else err_category.value,
+    }
+    try:
+        return json.dumps(body, allow_nan=False).encode()
+    except (TypeError, ValueError):  # the sample's own data cannot be sent as JSON
+        body["sample"] = _minimal(body["sample"])
+        return json.dumps(body, allow_nan=False).encode()
 
 
 def wire_sample(sample: RolloutSample | None, status: RolloutStatus) -> dict[str, Any] | None:
@@ -89,21 +99,29 @@ def wire_sample(sample: RolloutSample | None, status: RolloutStatus) -> dict[str
     messages cannot be JSON-encoded is replaced by a minimal one so an earned reward arrives."""
     if sample is None:
         return None
-    data = sample.wire_dict()
-    if status != RolloutStatus.SUCCESS or sample.remove_sample:
-        data["reward"] = None
+    data = _counted(sample.wire_dict(), sample, status)
     try:
         json.dumps(data, allow_nan=False)
     except (TypeError, ValueError):
-        data = {
-            "messages": [],
-            "label": data["label"],
-            "reward": data["reward"],
-            "remove_sample": data["remove_sample"],
-            "metrics": {},
-            "extra_fields": {},
-        }
+        data = _minimal(data)
     return data
+
+
+def _counted(data: dict[str, Any], sample: RolloutSample, status: RolloutStatus) -> dict[str, Any]:
+    if status != RolloutStatus.SUCCESS or sample.remove_sample:
+        data["reward"] = None
+    return data
+
+
+def _minimal(data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "messages": [],
+        "label": data["label"],
+        "reward": data["reward"],
+        "remove_sample": data["remove_sample"],
+        "metrics": {},
+        "extra_fields": {},
+    }
 
 
 class Registry:
@@ -156,7 +174,15 @@ class Registry:
         if entry.terminal or entry.status == status:
             return
         entry.status = status
-        self._notify(entry)
+        if entry.progress_timer is None:  # (pollers then see the state of that moment)
+            entry.progress_timer = asyncio.get_running_loop().call_later(
+                PROGRESS_COALESCE_SEC, self._progressed, entry
+            )
+
+    def _progressed(self, entry: Entry) -> None:
+        entry.progress_timer = None
+        if not entry.terminal:
+            self._notify(entry)
 
     def finish(
         self,
@@ -180,6 +206,9 @@ class Registry:
         if entry.lease_timer is not None:
             entry.lease_timer.cancel()
             entry.lease_timer = None
+        if entry.progress_timer is not None:
+            entry.progress_timer.cancel()
+            entry.progress_timer = None
         asyncio.get_running_loop().call_later(self.retention, self._retire, entry)
         self._notify(entry)
         return True
@@ -205,10 +234,12 @@ class Registry:
             self._expire(entry)
         else:
             entry.lease_deadline = now + self.lease_timeout
-            changed = entry.changed
+            seen = entry.status
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_sec):
-                    await changed.wait()
+                    # (a coalesced progress wake for a state this poll started in is no news)
+                    while not entry.terminal and entry.status == seen:
+                        await entry.changed.wait()
             entry.lease_deadline = max(entry.lease_deadline, time.monotonic() + self.lease_timeout)
         return entry.result_body if entry.result_body is not None else entry.progress_body()
 
