@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from osmosis_ai.rollout.client import RolloutClient
-from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rollout.http import aclose_shared_transport, async_client, post_json
 from osmosis_ai.rollout.http1 import LeanTransport, split_url
 from rawhttp import (
     RawServer,
@@ -202,6 +202,29 @@ async def test_quick_exchanges_skip_the_client_layer_and_decode_the_body():
     assert b"\r\nx-k: v\r\n" in head and b"\r\naccept-encoding: identity\r\n" in head
     assert server.requests[1][0].startswith(b"GET /r?x=2 HTTP/1.1\r\n")
     assert b"content-length" not in server.requests[1][0]
+
+
+async def test_post_json_sends_one_json_call_on_shared_connections():
+    error = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 9\r\n\r\nslow down"
+    replies = [ok(b'{"choices":[1]}'), ok(b'{"n":2}'), error, ok(b"not json")]
+    async with raw_server(answers(*replies)) as server:
+        try:
+            first = await post_json(server.url, {"q": "é"}, headers={"authorization": "Bearer k"})
+            assert first == {"choices": [1]}
+            assert await post_json(server.url, [1, 2]) == {"n": 2}
+            with pytest.raises(httpx.HTTPStatusError, match="answered 429: slow down") as failed:
+                await post_json(server.url, {})
+            assert failed.value.response.status_code == 429
+            with pytest.raises(ValueError):
+                await post_json(server.url, {})
+        finally:
+            await aclose_shared_transport()
+    assert server.connections == 1  # the running loop's pooled connection, kept alive
+    head, body = server.requests[0]
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert b"\r\ncontent-type: application/json\r\n" in head
+    assert b"\r\nauthorization: Bearer k\r\n" in head
+    assert body == '{"q":"é"}'.encode()
 
 
 async def test_cookies_are_still_kept_when_an_answer_sets_them():

@@ -9,13 +9,17 @@ httpx's own.
 
 ``async_client()`` makes a new client; ``shared_transport()`` is one pooled transport per
 event loop for code that would otherwise build a client (a TLS context, a pool, fresh
-connections) for every rollout, as agent frameworks do.
+connections) for every rollout, as agent frameworks do. ``post_json()`` is one JSON call on
+that transport without httpx's client layer: the cheapest way for a workflow to call the
+rollout's model endpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -36,6 +40,46 @@ def async_client(
     Create it inside a running event loop and close it with ``aclose()``.
     """
     return fast_cookies(httpx.AsyncClient(transport=_transport(max_connections), **options))
+
+
+async def post_json(
+    url: str,
+    body: Any,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 120.0,  # noqa: ASYNC109 (each wait, as httpx's timeout; not a deadline)
+) -> Any:
+    """POST ``body`` as JSON to ``url`` and return the decoded JSON answer.
+
+    ``http://`` URLs (the rollout's chat endpoint, local servers) go over the running loop's
+    shared lean connections with no client layer (no cookies, redirects or auth hooks);
+    others through a short-lived httpx client. ``timeout`` bounds connecting and each wait
+    for answer bytes. A non-2xx answer raises ``httpx.HTTPStatusError`` (with the answer's
+    status and body); a body that is not JSON raises ``ValueError``.
+    """
+    from osmosis_ai.rollout.http1 import LeanTransport
+
+    content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    sent = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
+    transport = shared_transport()
+    if url.startswith("http://") and isinstance(transport, LeanTransport):
+        timeouts = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+        answer = await transport.quick(
+            "POST", url, headers=sent, content=content, timeouts=timeouts
+        )
+        status, data = answer.status_code, answer.content
+    else:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            response = await client.post(url, content=content, headers=sent)
+            status, data = response.status_code, response.content
+    if not 200 <= status < 300:
+        request = httpx.Request("POST", url, headers=sent, content=content)
+        response = httpx.Response(status, content=data, request=request)
+        detail = data.decode("utf-8", "replace")[:500]
+        raise httpx.HTTPStatusError(
+            f"POST {url} answered {status}: {detail}", request=request, response=response
+        )
+    return json.loads(data)
 
 
 def fast_cookies(client: httpx.AsyncClient) -> httpx.AsyncClient:

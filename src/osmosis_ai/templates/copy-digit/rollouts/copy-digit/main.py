@@ -8,11 +8,8 @@ hands it (plain HTTP, no agent framework), and returns the conversation; the gra
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
-
-import httpx
 
 from osmosis_ai.rollout import (
     AgentWorkflow,
@@ -24,15 +21,9 @@ from osmosis_ai.rollout import (
     LocalBackend,
     get_rollout_context,
 )
-from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rollout.http import post_json
 
 MAX_TOKENS = 4  # a digit and the end-of-turn token, with room to spare
-
-
-@functools.cache
-def client() -> httpx.AsyncClient:
-    """The process's HTTP client for model calls, made on first use (inside the server)."""
-    return async_client(timeout=120.0)
 
 
 class CopyDigitWorkflow(AgentWorkflow[AgentWorkflowConfig]):
@@ -44,13 +35,14 @@ class CopyDigitWorkflow(AgentWorkflow[AgentWorkflowConfig]):
             raise RuntimeError("CopyDigitWorkflow runs inside a rollout server")
         headers = {"Authorization": f"Bearer {rollout.api_key}"} if rollout.api_key else {}
         messages: list[dict[str, Any]] = list(ctx.prompt)
-        response = await client().post(
+        # One JSON call on pooled connections (any HTTP client works here; this is the
+        # cheapest, which matters when thousands of rollouts run per minute).
+        completion = await post_json(
             f"{rollout.chat_completions_url}/chat/completions",
-            json={"model": "osmosis-rollout", "messages": messages, "max_tokens": MAX_TOKENS},
+            {"model": "osmosis-rollout", "messages": messages, "max_tokens": MAX_TOKENS},
             headers=headers,
         )
-        response.raise_for_status()
-        answer = response.json()["choices"][0]["message"].get("content") or ""
+        answer = completion["choices"][0]["message"].get("content") or ""
         return AgentWorkflowOutput(messages=[*messages, {"role": "assistant", "content": answer}])
 
 
