@@ -209,6 +209,35 @@ def test_a_held_policy_queues_requests_and_serves_them_with_the_weights_of_relea
     assert [a["policy_version"] for a in answers] == [7, 7]
 
 
+def test_submitted_chats_reply_from_the_engine_then_flush_once_per_batch(fresh: LocalPolicy):
+    body = {"messages": USER, "temperature": 0, "max_tokens": 3}
+    expected = fresh.chat(dict(body))
+    replies: list[tuple[Any, BaseException | None]] = []
+    flushed: list[int] = []
+    done = threading.Event()
+
+    def reply(answer: Any, error: BaseException | None) -> None:
+        replies.append((answer, error))
+
+    def flush() -> None:
+        flushed.append(len(replies))  # every reply of the batch is in before the flush
+        done.set()
+
+    fresh.hold(True)
+    fresh.submit_chat(dict(body), reply, flush=flush)
+    fresh.submit_chat({**body, "stream": True}, reply, chunks=True, flush=flush)
+    assert replies == []  # queued: the caller's thread returned at once
+    fresh.hold(False)
+    assert done.wait(30)
+    assert flushed == [2]  # both in one batch, one flush
+    (answer, error), (chunks, chunk_error) = replies
+    assert error is None and chunk_error is None
+    assert answer["choices"][0]["token_ids"] == expected["choices"][0]["token_ids"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(PolicyRequestError, match="top_p"):  # refused before it is queued
+        fresh.submit_chat({**body, "top_p": 2.0}, reply, flush=flush)
+
+
 def test_samples_sharing_a_prompt_match_their_separate_decodes(policy: LocalPolicy):
     # Rows with one prompt share its prefill (its cache is copied): the same tokens and
     # logprobs as decoding each prompt on its own.

@@ -216,15 +216,18 @@ def step_prompts(step: int) -> list[Any]:
 
 def test_the_next_step_is_dispatched_ahead_and_generated_after_the_update(served, monkeypatch):
     policy, bridge = served
-    versions: list[int] = []
-    achat = policy.achat
+    versions: list[int] = []  # of every answer, as the trainer's policy sends it
+    submit = policy.submit_chat
 
-    async def recording(body: dict[str, Any]) -> dict[str, Any]:
-        answer = await achat(body)
-        versions.append(answer["policy_version"])
-        return answer
+    def recording(body: dict[str, Any], reply: Any, **options: Any) -> None:
+        def replied(answer: Any, error: BaseException | None) -> None:
+            if answer is not None:
+                versions.append(answer["policy_version"])
+            reply(answer, error)
 
-    monkeypatch.setattr(policy, "achat", recording)
+        submit(body, replied, **options)
+
+    monkeypatch.setattr(policy, "submit_chat", recording)
     rollouts = collector(bridge, policy, STEPS.get)
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
     with policy.updating(0):

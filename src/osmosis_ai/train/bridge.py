@@ -1,63 +1,71 @@
-"""The rollout side of a training run: the rollout server child, the controller service
-(policy proxy + callback listener) and a dispatcher, on an event loop of their own thread.
+"""The rollout side of a training run, seen from the trainer: a rollout I/O process
+(:mod:`osmosis_ai.train.rollout_io`) that runs the rollout server child, the controller
+service (policy proxy + callback listener) and the dispatcher, and a channel to it.
 
-The trainer is synchronous; :meth:`RolloutBridge.run` hands a batch of rollouts to that
-loop and blocks until every one has an outcome. The proxy serves the trainer's own model
-through :class:`TrainingUpstream`, which imposes the run's sampling settings.
+The trainer is synchronous; :meth:`RolloutBridge.run` hands a batch of rollouts over and
+blocks until every one has an outcome. The model calls of those rollouts come back over the
+channel and the trainer's own model answers them (:meth:`LocalPolicy.submit_chat`), so the
+trainer's interpreter spends on a rollout only the generation and the answer's body; the
+HTTP, JSON and protocol work runs in the I/O process, on another core.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import itertools
+import os
+import secrets
+import subprocess
+import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from osmosis_ai.controller.dispatch import Dispatcher, DispatchOutcome, DispatchRequest
-from osmosis_ai.controller.loop import new_event_loop
-from osmosis_ai.controller.proxy import PolicyProxy
-from osmosis_ai.controller.rollout_process import RolloutServerProcess
-from osmosis_ai.controller.service import ControllerService
-from osmosis_ai.controller.upstream import Preflight, Upstream
+from osmosis_ai.controller.dispatch import DispatchOutcome, DispatchRequest
 from osmosis_ai.errors import UsageError
+from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 from osmosis_ai.train.errors import TrainingError
 
 if TYPE_CHECKING:
     from osmosis_ai.controller.policy import LocalPolicy
 
 POLICY_MODEL_NAME = "osmosis-policy"
+_CLOSE_WAIT_SEC = 30.0
 
 
 class TrainingUpstream:
-    """The upstream the proxy serves during training: the trainer's policy (the local
-    policy over the shared model, or a vLLM server TRL keeps in sync). Every request gets
-    the run's ``temperature`` and ``top_p`` (the trainer's log-probabilities assume them)
-    and at most ``max_tokens`` new tokens, whatever the agent asked for."""
+    """What the run's proxy serves: the trainer's local policy (sharing the trainer's
+    model) or an OpenAI-compatible server TRL keeps in sync (vLLM), with the run's sampling
+    settings: every request gets ``temperature`` and ``top_p`` (the trainer's
+    log-probabilities assume them) and at most ``max_tokens`` new tokens, whatever the agent
+    asked for."""
 
     def __init__(self, *, temperature: float, top_p: float, max_tokens: int) -> None:
         self.temperature = temperature
         self.top_p = top_p
         self.max_tokens = max_tokens
-        self._inner: Upstream | None = None
-        self._local: LocalPolicy | None = None
+        self.spec: ServeSpec | None = None
+        self.local: LocalPolicy | None = None
         self._version: Callable[[], int] = lambda: 0
 
-    def serve(self, inner: Upstream, version: Callable[[], int]) -> None:
-        """Serve ``inner`` from now on; ``version()`` is the policy version it generates."""
-        self._inner = inner
-        self._local = None
-        self._version = version
-
     def serve_local(self, policy: LocalPolicy) -> None:
-        """Serve the local policy (sharing the trainer's model) under our model name."""
-        from osmosis_ai.controller.policy import LocalPolicyUpstream
+        """Serve the local policy under our model name from now on."""
+        self.local = policy
+        self.spec = ServeSpec(POLICY_MODEL_NAME)
+        self._version = lambda: policy.version
 
-        self.serve(LocalPolicyUpstream(policy, model=POLICY_MODEL_NAME), lambda: policy.version)
-        self._local = policy
+    def serve_openai(
+        self, base_url: str, model: str, version: Callable[[], int], api_key: str | None = None
+    ) -> None:
+        """Serve the OpenAI-compatible server at ``base_url`` (``…/v1``) from now on;
+        ``version()`` is the policy version it generates."""
+        self.local = None
+        self.spec = ServeSpec(model, base_url.rstrip("/"), api_key)
+        self._version = version
 
     @property
     def policy_version(self) -> int:
@@ -66,56 +74,21 @@ class TrainingUpstream:
     @property
     def batches(self) -> int | None:
         """Generation batches the local policy has run so far (``None``: not served locally)."""
-        return None if self._local is None else self._local.batches
+        return None if self.local is None else self.local.batches
 
     def hold(self, held: bool) -> bool:
         """Start no generation while held (requests queue); ``False`` when this upstream
         cannot hold (it is not the local policy)."""
-        if self._local is None:
+        if self.local is None:
             return False
-        self._local.hold(held)
+        self.local.hold(held)
         return True
 
     def expect_callers(self, count: int) -> None:
         """How many rollouts are in flight: the local policy waits for that many requests
         before it starts a batch (other upstreams batch on their own)."""
-        if self._local is not None:
-            self._local.expect_callers(count)
-
-    @property
-    def model(self) -> str:
-        return POLICY_MODEL_NAME if self._inner is None else self._inner.model
-
-    @property
-    def target(self) -> str:
-        return "training-policy" if self._inner is None else self._inner.target
-
-    def _upstream(self) -> Upstream:
-        if self._inner is None:
-            raise UsageError("the training policy is not ready yet: call serve() first")
-        return self._inner
-
-    def impose(self, body: dict[str, Any]) -> dict[str, Any]:
-        asked = body.pop("max_completion_tokens", None) or body.get("max_tokens")
-        wanted = asked if isinstance(asked, int) and not isinstance(asked, bool) else None
-        body["max_tokens"] = min(wanted or self.max_tokens, self.max_tokens)
-        body["temperature"] = self.temperature
-        body["top_p"] = self.top_p
-        return body
-
-    async def complete(self, body: dict[str, Any]) -> bytes:
-        return await self._upstream().complete(self.impose(body))
-
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        async for payload in self._upstream().stream(self.impose(body)):
-            yield payload
-
-    async def preflight(self) -> Preflight:
-        return await self._upstream().preflight()
-
-    async def aclose(self) -> None:
-        if self._inner is not None:
-            await self._inner.aclose()
+        if self.local is not None:
+            self.local.expect_callers(count)
 
 
 @dataclass(frozen=True)
@@ -123,12 +96,16 @@ class RolloutBatch:
     """Rollouts :meth:`RolloutBridge.launch` started; their outcomes come from
     :meth:`RolloutBridge.finish`."""
 
-    task: asyncio.Task[list[DispatchOutcome]]
+    number: int
+    outcomes: Future[list[DispatchOutcome]]
 
 
 class RolloutBridge:
-    """Starts and owns the rollout server process and the controller service (127.0.0.1
-    only); :meth:`run` dispatches rollouts through them from the trainer's thread."""
+    """Starts and owns the rollout I/O process (and through it the rollout server and the
+    controller service, 127.0.0.1 only); :meth:`run` dispatches rollouts through them from
+    the trainer's thread. ``on_spawn(pid, port, instance_id)`` hears of the rollout server
+    as soon as it exists and again once healthy (to reap it after a kill -9);
+    ``on_output(line)`` gets its output and the I/O process's."""
 
     def __init__(
         self,
@@ -140,80 +117,82 @@ class RolloutBridge:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         on_output: Callable[[str], None] | None = None,
-        on_spawn: Callable[[RolloutServerProcess], None] | None = None,
+        on_spawn: Callable[[int, int | None, str], None] | None = None,
     ) -> None:
         self.upstream = upstream
+        self.on_output = on_output
         self.on_spawn = on_spawn
-        self.proxy = PolicyProxy(upstream, request_token_data=True)
-        self.service = ControllerService(self.proxy)
-        self.server = RolloutServerProcess(
-            rollout_dir=rollout_dir,
-            entrypoint=entrypoint,
-            artifact_root=artifact_root,
+        self._spec = StartSpec(
+            rollout_dir=Path(rollout_dir).resolve(),
+            entrypoint=Path(entrypoint).resolve(),
+            artifact_root=Path(artifact_root).resolve(),
             env=dict(env or {}),
             port=port,
-            on_output=on_output,
+            proxy_token=secrets.token_urlsafe(32),
+            controller_token=secrets.token_urlsafe(32),
+            temperature=upstream.temperature,
+            top_p=upstream.top_p,
+            max_tokens=upstream.max_tokens,
         )
-        self._dispatcher: Dispatcher | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._pending: set[Future[Any]] = set()
-        self._batches: set[asyncio.Task[list[DispatchOutcome]]] = set()
-        self._finished: list[str] = []
-        self._pruning: threading.Thread | None = None
+        self.port: int | None = None
+        self.server_pid: int | None = None
+        self.generation: str | None = None
+        self._channel: Channel | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._threads: list[threading.Thread] = []
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # guards the futures and the fatal message
+        self._futures: dict[tuple[str, int], Future[Any]] = {}
+        self._fatal: str | None = None
+        self._error: BaseException | None = None
+        self._sent: ServeSpec | None = None
+        self._tail: deque[str] = deque(maxlen=60)
+        self._arrived: dict[int, dict[int, DispatchOutcome]] = {}  # outcomes of running batches
+        self._replies: list[tuple[Any, ...]] = []  # answers for the I/O process, not yet sent
 
     @property
     def secrets(self) -> tuple[str, ...]:
         """The run's bearer tokens, for the log redactor."""
-        return (self.proxy.token, self.service.controller_token)
-
-    @property
-    def generation(self) -> str | None:
-        return None if self._dispatcher is None else self._dispatcher.generation
+        return (self._spec.proxy_token, self._spec.controller_token)
 
     def alive(self) -> bool:
-        return self.server.alive()
+        return self._process is not None and self._process.poll() is None
 
-    def output_tail(self) -> str:
-        return self.server.output_tail()
+    def output_tail(self, lines: int = 25) -> str:
+        return "\n".join(list(self._tail)[-lines:]) or "(no output)"
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> RolloutBridge:
-        """Start the loop thread, the controller service and the rollout server; returns
+        """Start the I/O process, the controller service and the rollout server; returns
         once the server is healthy and its protocol generation is known."""
-        if self._loop is not None:
+        if self._process is not None:
             raise UsageError("the rollout bridge is already started")
-        loop = new_event_loop()  # uvloop when installed
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="osmosis-train-io")
-        self._thread.daemon = True
-        self._thread.start()
+        channel, theirs = Channel.pair()
+        self._channel = channel
+        started: Future[tuple[str, int]] = Future()
+        self._futures["started", 0] = started
         try:
-            self._call(self._start())
+            with theirs:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "osmosis_ai.train.rollout_io"],
+                    env={**os.environ, FD_ENV: str(theirs.fileno())},
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+            threads = ((self._pump, "osmosis-io-log"), (self._receive, "osmosis-train-io"))
+            for target, name in threads:
+                thread = threading.Thread(target=target, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            channel.send("start", self._spec)
+            self.generation, self.port = started.result()
         except BaseException:
             self.close()
             raise
         return self
-
-    async def _start(self) -> None:
-        await self.service.start()
-        await asyncio.to_thread(self.server.command)  # decides: this interpreter or uv
-        if self.server.isolated:
-            await asyncio.to_thread(self.server.sync)
-        starting = asyncio.ensure_future(asyncio.to_thread(self.server.start))
-        seen: int | None = None
-        while not starting.done():  # report the child as soon as it exists (orphan reaping)
-            process = self.server.process
-            if process is not None and process.pid != seen and self.on_spawn is not None:
-                seen = process.pid
-                self.on_spawn(self.server)
-            await asyncio.wait({starting}, timeout=0.02)
-        await starting
-        if self.on_spawn is not None:
-            self.on_spawn(self.server)  # the final port, once healthy
-        self._dispatcher = Dispatcher(self.server.url, self.service)
-        await self._dispatcher.detect_generation()
 
     def run(self, requests: Sequence[DispatchRequest]) -> list[DispatchOutcome]:
         """Dispatch every request at once; one outcome each, in order."""
@@ -222,119 +201,193 @@ class RolloutBridge:
     def launch(self, requests: Sequence[DispatchRequest]) -> RolloutBatch:
         """Start dispatching every request at once and return without waiting; collect the
         outcomes with :meth:`finish` (or drop them with :meth:`abandon`)."""
-        if self._dispatcher is None:
+        channel = self._channel
+        if channel is None or self.generation is None:
             raise UsageError("the rollout bridge is not started")
-        if not self.server.alive():
-            code = self.server.process.returncode if self.server.process else None
-            raise TrainingError(
-                f"the rollout server exited (code {code}); its last output:\n{self.output_tail()}"
-            )
-        dispatcher, upstream = self._dispatcher, self.upstream
-        in_flight = len(requests)
-        self._join_pruning()  # never rmdir beside the server's mkdirs: both slow down
-
-        async def run_one(request: DispatchRequest) -> DispatchOutcome:
-            nonlocal in_flight
-            try:
-                return await dispatcher.run(request)
-            finally:
-                in_flight -= 1
-                upstream.expect_callers(in_flight)
-
-        async def run_all() -> list[DispatchOutcome]:
-            # The policy batches best when it knows how many rollouts may still ask it.
-            upstream.expect_callers(in_flight)
-            try:
-                return list(await asyncio.gather(*(run_one(r) for r in requests)))
-            finally:
-                upstream.expect_callers(0)
-
-        async def spawn() -> asyncio.Task[list[DispatchOutcome]]:
-            task = asyncio.ensure_future(run_all())
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
-            return task
-
-        return RolloutBatch(self._call(spawn()))
+        number = next(self._ids)
+        outcomes: Future[list[DispatchOutcome]] = self._expect("outcomes", number)
+        spec = self.upstream.spec
+        try:
+            if spec is not None and spec is not self._sent:
+                channel.send("serve", spec)
+                self._sent = spec
+            channel.send("launch", number, list(requests))
+        except OSError:
+            self._gone()
+        return RolloutBatch(number, outcomes)
 
     def finish(self, batch: RolloutBatch) -> list[DispatchOutcome]:
         """Wait for the outcomes of a :meth:`launch`, in the order of its requests."""
-
-        async def outcomes() -> list[DispatchOutcome]:
-            return await batch.task  # cancelling this wait (close) cancels the batch
-
-        result: list[DispatchOutcome] = self._call(outcomes())
-        # <artifact_root>/<rollout id>/artifacts/ exists when the rollout asked for it: drop
-        # the empty ones a batch late (so late trajectory files land first), in the
-        # background while the trainer updates.
-        previous, self._finished = self._finished, [o.rollout_id for o in result]
-        if previous:
-            self._pruning = threading.Thread(
-                target=self._prune, args=(previous,), name="osmosis-prune", daemon=True
-            )
-            self._pruning.start()
-        return result
+        return batch.outcomes.result()
 
     def abandon(self, batch: RolloutBatch) -> None:
         """Cancel a :meth:`launch` nobody will collect (its remote rollouts too) and wait
         until it has wound down."""
-
-        async def cancel() -> None:
-            batch.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await batch.task
-
-        self._call(cancel())
-
-    def _prune(self, rollout_ids: Sequence[str]) -> None:
-        root = self.server.artifact_root
-        for rollout_id in rollout_ids:
-            for folder in (root / rollout_id / "artifacts", root / rollout_id):
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-
-    def _join_pruning(self) -> None:
-        if self._pruning is not None:
-            self._pruning.join()
-            self._pruning = None
-
-    def _call(self, coroutine: Any) -> Any:
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        self._pending.add(future)
+        if self._channel is None:
+            return
+        with self._lock:
+            self._futures.pop(("outcomes", batch.number), None)
+            self._arrived.pop(batch.number, None)
+        done: Future[None] = self._expect("abandoned", batch.number)
         try:
-            return future.result()
-        finally:
-            self._pending.discard(future)
+            self._channel.send("abandon", batch.number)
+            done.result()
+        except Exception:  # (OSError, or the I/O process's failure)
+            pass  # the I/O process is gone: nothing runs any more
 
     def close(self) -> None:
-        """Cancel what is in flight, stop the server and the service, end the thread
+        """Cancel what is in flight, stop the server and the service, end the I/O process
         (idempotent; ends only the processes this bridge started)."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
+        process, channel = self._process, self._channel
+        if channel is None:
             return
-        for future in list(self._pending):
-            future.cancel()
-        if loop.is_running():
-            closing = asyncio.run_coroutine_threadsafe(self._close(), loop)
-            with contextlib.suppress(Exception):  # best effort: the server is stopped below
-                closing.result(timeout=30)
-        self.server.stop()
-        self._join_pruning()
-        self._prune(self._finished)
-        self._finished = []
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        if not thread.is_alive():
-            loop.close()
-        self._loop = self._thread = None
+        with contextlib.suppress(OSError):
+            channel.send("close")
+        if process is not None:
+            try:
+                process.wait(timeout=_CLOSE_WAIT_SEC)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        channel.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads = []
+        self._gone("the rollout bridge is closed")
+        self._process = self._channel = None
+        self.generation = None
 
-    async def _close(self) -> None:
-        for task in list(self._batches):  # launched and never collected
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self._dispatcher is not None:
-            await self._dispatcher.aclose()
-        await asyncio.to_thread(self.server.stop)
-        await self.service.stop()
+    # -- the channel -----------------------------------------------------------------------
+
+    def _expect(self, kind: str, number: int) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._fatal is not None:
+                failure = self._error or TrainingError(self._fatal)
+                future.set_exception(failure)
+            else:
+                self._futures[kind, number] = future
+        return future
+
+    def _resolve(self, key: tuple[str, int], value: Any) -> None:
+        with self._lock:
+            future = self._futures.pop(key, None)
+        if future is None or future.done():
+            return
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    def _receive(self) -> None:
+        channel = self._channel
+        assert channel is not None
+        try:
+            while True:
+                for message in unpack(channel.recv()):
+                    self._handle(message)
+        except (EOFError, OSError):
+            pass
+        finally:
+            process = self._process
+            if process is not None:  # its exit code and last words, for the message
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=5)
+                for thread in self._threads:
+                    if thread.name == "osmosis-io-log":
+                        thread.join(timeout=2)
+            self._gone()
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "chat":
+            self._chat(message[1], message[2], message[3])
+        elif kind == "callers":
+            self.upstream.expect_callers(message[1])
+        elif kind == "outcome":
+            _, number, index, outcome = message
+            with self._lock:
+                self._arrived.setdefault(number, {})[index] = outcome
+        elif kind == "done":
+            number = message[1]
+            with self._lock:
+                arrived = self._arrived.pop(number, {})
+            self._resolve(("outcomes", number), [arrived[i] for i in range(len(arrived))])
+        elif kind == "failed":
+            with self._lock:
+                self._arrived.pop(message[1], None)
+            self._resolve(("outcomes", message[1]), TrainingError(message[2]))
+        elif kind == "abandoned":
+            with self._lock:  # (outcomes that arrived before the batch was cancelled)
+                self._arrived.pop(message[1], None)
+            self._resolve(("abandoned", message[1]), None)
+        elif kind == "spawned":
+            _, pid, port, instance = message
+            self.server_pid, self.port = pid, port
+            if self.on_spawn is not None:
+                self.on_spawn(pid, port, instance)
+        elif kind == "started":
+            self._resolve(("started", 0), (message[1], message[2]))
+        elif kind == "fatal":
+            self._gone(message[1], message[2])
+
+    def _chat(self, call: int, body: dict[str, Any], chunks: bool) -> None:
+        channel = self._channel
+        assert channel is not None
+
+        def reply(answer: Any, error: BaseException | None) -> None:
+            failure = None if error is None else _call_error(error)
+            with self._lock:
+                self._replies.append(("answer", call, answer, failure))
+
+        policy = self.upstream.local
+        try:
+            if policy is None:
+                raise UsageError("no local policy is served to this run")
+            policy.submit_chat(body, reply, chunks=chunks, flush=self._send_replies)
+        except Exception as exc:
+            reply(None, exc)
+            # Not from this thread: the I/O process may be sending to us at this moment.
+            threading.Thread(target=self._send_replies, daemon=True).start()
+
+    def _send_replies(self) -> None:
+        """Send the answers made so far, in one burst (called once per generation batch)."""
+        channel = self._channel
+        with self._lock:
+            replies, self._replies = self._replies, []
+        if channel is not None and replies:
+            with contextlib.suppress(OSError):
+                channel.send("many", replies)
+
+    def _pump(self) -> None:
+        process = self._process
+        assert process is not None and process.stderr is not None
+        for raw in process.stderr:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._tail.append(line)
+            if self.on_output is not None:
+                self.on_output(line)
+
+    def _gone(self, reason: str | None = None, error: BaseException | None = None) -> None:
+        """The I/O process failed or ended: every wait ends with ``error`` (the I/O
+        process's own, such as a rollout server that would not start), or a
+        :class:`TrainingError` with the reason."""
+        with self._lock:
+            if self._fatal is None:
+                code = self._process.poll() if self._process is not None else None
+                self._fatal = reason or (
+                    f"the rollout I/O process exited (code {code}); its last output:\n"
+                    f"{self.output_tail()}"
+                )
+                self._error = error
+            pending, self._futures = list(self._futures.values()), {}
+            fatal, error = self._fatal, self._error
+        for future in pending:
+            if not future.done():
+                future.set_exception(error if error is not None else TrainingError(fatal))
+
+
+def _call_error(error: BaseException) -> CallError:
+    if isinstance(error, UsageError):  # PolicyRequestError: the caller's fault
+        return CallError(400, str(error), "invalid_request_error")
+    return CallError(500, f"{type(error).__name__}: {error}", "server_error")

@@ -185,9 +185,7 @@ class _Run:
             env={TRAJECTORIES_ENV: "0", **config.env, **plan.secrets},
             port=plan.options.rollout_port,
             on_output=self._server_output,
-            on_spawn=lambda server: rundir.record_server(
-                server.process.pid if server.process else 0, server.port, server.instance_id
-            ),
+            on_spawn=rundir.record_server,
         )
         self.journal.add_secrets(*bridge.secrets)
         self.stage(
@@ -198,8 +196,7 @@ class _Run:
             self._prepare_model(device)
             starting.wait()
             self.stage(
-                f"rollout server healthy on port {bridge.server.port} "
-                f"({bridge.generation} protocol)"
+                f"rollout server healthy on port {bridge.port} ({bridge.generation} protocol)"
             )
             if self.stop.requested:
                 return "interrupted"
@@ -260,10 +257,11 @@ class _Run:
 
         serve(self.model)
         if vllm_url is not None:  # TRL syncs the server's weights before each step's rollouts
-            from osmosis_ai.controller.upstream import OpenAICompatibleUpstream
-
-            vllm = OpenAICompatibleUpstream(f"{vllm_url.rstrip('/')}/v1", None, plan.model_ref)
-            upstream.serve(vllm, lambda: int(self.trainer.state.global_step))
+            upstream.serve_openai(
+                f"{vllm_url.rstrip('/')}/v1",
+                plan.model_ref,
+                lambda: int(self.trainer.state.global_step),
+            )
         self.collector = RolloutCollector(
             bridge,
             plan.rows,

@@ -57,6 +57,7 @@ _BUILD_HINT = "build one with `python -m osmosis_ai.train.tiny_model {path}`"
 class _Job:
     rows: list[Row]
     notify: Callable[[], None] | None = None  # called from the engine thread when done
+    flush: Callable[[], None] | None = None  # then once per batch, after every notify
     done: threading.Event = field(default_factory=threading.Event)
     version: int = 0
     samples: list[Sample] = field(default_factory=list[Sample])
@@ -400,6 +401,8 @@ class LocalPolicy:
                 job.done.set()
                 if job.notify is not None:
                     job.notify()
+            for flush in dict.fromkeys(job.flush for job in batch if job.flush is not None):
+                flush()
 
     def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer an OpenAI chat-completions request (``stream`` ignored) as a
@@ -426,6 +429,43 @@ class LocalPolicy:
         params, prompt, renderer = self._chat_request(body)
         renderer.version, samples = await self.agenerate([prompt], params)
         return renderer.chat_chunks(samples, params, include_usage=_wants_usage(body))
+
+    def submit_chat(
+        self,
+        body: Mapping[str, Any],
+        reply: Callable[[Any, BaseException | None], None],
+        *,
+        chunks: bool = False,
+        flush: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue a chat request and return at once: ``reply(answer, None)`` or
+        ``reply(None, error)`` is called from the engine thread when its batch is done
+        (``answer`` as :meth:`chat` or, with ``chunks``, :meth:`chat_chunks` gives it), then
+        ``flush()`` once for all the replies of that batch that gave it (so a caller can send
+        a batch's answers together). A request that cannot be served raises
+        :class:`PolicyRequestError` here instead."""
+        params, prompt, renderer = self._chat_request(body)
+        usage = _wants_usage(body)
+        job = self._job([prompt], params)
+
+        def finish() -> None:
+            if job.error is not None:
+                reply(None, job.error)
+                return
+            renderer.version = job.version
+            try:
+                if chunks:
+                    answer: Any = renderer.chat_chunks(job.samples, params, include_usage=usage)
+                else:
+                    answer = renderer.chat(job.samples, params)
+            except Exception as exc:  # a renderer bug reaches the caller, not the engine
+                reply(None, exc)
+                return
+            reply(answer, None)
+
+        job.notify = finish
+        job.flush = flush
+        self._submit(job)
 
     def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer a text-completions request: ``prompt`` is text, token ids, or a list of

@@ -1,0 +1,197 @@
+"""The trainer's rollout I/O process and the channel to it, without a model: message framing,
+the protocol path through a real rollout server, start-up failures, and a trainer that
+disappears without a word (kill -9)."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from osmosis_ai.controller.dispatch import DispatchRequest
+from osmosis_ai.controller.rollout_process import RolloutServerError
+from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
+from osmosis_ai.train.channel import Channel, unpack
+
+NO_MODEL_ROLLOUT = '''
+"""Answers 42 without calling a model; the grader rewards metadata["reward"]."""
+from osmosis_ai.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
+from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
+
+
+class Echo(AgentWorkflow):
+    async def run(self, ctx):
+        answer = {"role": "assistant", "content": "42"}
+        return AgentWorkflowOutput(messages=[*ctx.prompt, answer])
+
+
+class FromMetadata(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(float((ctx.metadata or {})["reward"]))
+
+
+app = create_rollout_server(
+    backend=LocalBackend(workflow=Echo, grader=FromMetadata), configure_logging=False,
+    save_trajectories=False,
+)
+
+if __name__ == "__main__":
+    print("echo server starting", flush=True)
+    run_rollout_server(app, log_level="warning")
+'''
+
+
+def test_messages_keep_their_order_size_and_bursts():
+    ours, theirs = Channel.pair()
+    other = Channel(theirs)
+    big = os.urandom(3 << 20)  # several reads' worth
+    ours.send("chat", 1, {"messages": []}, False)
+    ours.send("many", [("answer", 1, {"id": "x"}, None), ("callers", 3)])
+    blob = threading.Thread(target=ours.send, args=("blob", big))  # more than a socket holds
+    blob.start()
+    received = [other.recv() for _ in range(3)]
+    blob.join()
+    assert received[0] == ("chat", 1, {"messages": []}, False)
+    assert unpack(received[1]) == [("answer", 1, {"id": "x"}, None), ("callers", 3)]
+    assert unpack(received[0]) == [received[0]]
+    assert received[2] == ("blob", big)
+    assert other.drain() == []  # nothing waiting: returns at once
+    sender = threading.Thread(target=lambda: [ours.send("n", i) for i in range(200)])
+    sender.start()
+    got: list[tuple[object, ...]] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 200 and time.monotonic() < deadline:
+        got += other.drain()
+    sender.join()
+    assert got == [("n", i) for i in range(200)]
+    ours.close()
+    with pytest.raises(EOFError):
+        other.recv()
+    other.close()
+
+
+def rollout_dir(root: Path, source: str) -> Path:
+    folder = root / "rollouts" / "echo"
+    folder.mkdir(parents=True)
+    (folder / "main.py").write_text(textwrap.dedent(source))
+    return folder
+
+
+def bridge_for(root: Path, folder: Path, lines: list[str] | None = None) -> RolloutBridge:
+    spawned: list[int] = []
+    bridge = RolloutBridge(
+        rollout_dir=folder,
+        entrypoint=folder / "main.py",
+        artifact_root=root / "artifacts",
+        upstream=TrainingUpstream(temperature=1.0, top_p=1.0, max_tokens=8),
+        on_output=None if lines is None else lines.append,
+        on_spawn=lambda pid, port, instance: spawned.append(pid),
+    )
+    bridge.spawned = spawned  # type: ignore[attr-defined]
+    return bridge
+
+
+def request(reward: float) -> DispatchRequest:
+    return DispatchRequest(
+        initial_messages=[{"role": "user", "content": "echo"}],
+        label="42",
+        metadata={"reward": reward},
+        agent_timeout_sec=30,
+        grader_timeout_sec=30,
+    )
+
+
+def test_rollouts_run_through_the_io_process_and_come_back_in_order(tmp_path: Path):
+    lines: list[str] = []
+    bridge = bridge_for(tmp_path, rollout_dir(tmp_path, NO_MODEL_ROLLOUT), lines).start()
+    try:
+        assert bridge.generation == "polling" and bridge.port is not None
+        assert bridge.server_pid in bridge.spawned  # type: ignore[attr-defined]
+        outcomes = bridge.run([request(r) for r in (0.0, 0.5, 1.0, 0.25)])
+        assert [o.sample.reward if o.sample else None for o in outcomes] == [0.0, 0.5, 1.0, 0.25]
+        assert all(
+            o.kind == "result" and o.sample.messages[-1]["content"] == "42" for o in outcomes
+        )  # type: ignore[union-attr]
+        # a launched batch nobody collects is cancelled; the next one still runs
+        bridge.abandon(bridge.launch([request(1.0)] * 3))
+        assert [o.sample.reward for o in bridge.run([request(0.75)])] == [0.75]  # type: ignore[union-attr]
+        assert "echo server starting" in lines  # the server's output reaches the run's log
+    finally:
+        bridge.close()
+    assert not bridge.alive() and not psutil.pid_exists(bridge.server_pid or 0)
+
+
+def test_a_rollout_server_that_cannot_start_raises_its_own_error(tmp_path: Path):
+    broken = rollout_dir(tmp_path, 'raise SystemExit("no GPU here, says the rollout")\n')
+    bridge = bridge_for(tmp_path, broken)
+    with pytest.raises(RolloutServerError, match="no GPU here, says the rollout"):
+        bridge.start()
+    assert not bridge.alive()
+
+
+def test_a_vanished_trainer_takes_the_rollout_server_down_with_it(tmp_path: Path):
+    bridge = bridge_for(tmp_path, rollout_dir(tmp_path, NO_MODEL_ROLLOUT)).start()
+    io_pid, server_pid = bridge._process.pid, bridge.server_pid  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage]
+    assert server_pid is not None and psutil.pid_exists(server_pid)
+    try:
+        bridge._channel.close()  # pyright: ignore[reportOptionalMemberAccess, reportPrivateUsage]  # as a kill -9 would
+        gone, _alive = psutil.wait_procs([psutil.Process(io_pid)], timeout=20)
+        assert gone, "the I/O process outlived its trainer"
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(server_pid) and time.monotonic() < deadline:
+            if psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE:
+                break  # stopped; only awaits reaping by its adopter
+            time.sleep(0.05)
+        assert not psutil.pid_exists(server_pid) or (
+            psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+        )
+    finally:
+        bridge.close()
+
+
+def test_an_openai_compatible_policy_is_served_with_the_runs_sampling(tmp_path: Path):
+    from osmosis_ai.testing.model_server import ScriptedModelServer
+    from osmosis_ai.workspace.templates import templates_root
+
+    folder = tmp_path / "rollouts" / "copy-digit"
+    source = templates_root() / "copy-digit" / "rollouts" / "copy-digit" / "main.py"
+    folder.mkdir(parents=True)
+    (folder / "main.py").write_text(source.read_text())
+    upstream = TrainingUpstream(temperature=0.7, top_p=0.9, max_tokens=3)
+    bridge = RolloutBridge(
+        rollout_dir=folder,
+        entrypoint=folder / "main.py",
+        artifact_root=tmp_path / "artifacts",
+        upstream=upstream,
+    )
+    with ScriptedModelServer(["7"], record_requests=True) as model:
+        # what the vLLM tier does: the proxy serves a server that TRL keeps in sync
+        upstream.serve_openai(model.base_url, "trained-model", lambda: 5)
+        bridge.start()
+        try:
+            rows = [
+                DispatchRequest(
+                    initial_messages=[{"role": "user", "content": f"Copy: {label}"}],
+                    label=label,
+                    agent_timeout_sec=30,
+                    grader_timeout_sec=30,
+                )
+                for label in ("7", "3")
+            ]
+            outcomes = bridge.run(rows)
+        finally:
+            bridge.close()
+    assert [o.sample.reward for o in outcomes] == [1.0, 0.0]  # type: ignore[union-attr]
+    assert upstream.policy_version == 5 and upstream.batches is None
+    assert not upstream.hold(True)  # only the local policy can hold its calls
+    assert len(model.requests) == 2
+    for recorded, outcome in zip(model.requests, outcomes, strict=True):
+        body = recorded.body
+        assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.7, 0.9, 3)
+        assert body["model"] == "trained-model" and body["logprobs"] is True
+        assert [c.status_code for c in outcome.calls] == [200]
