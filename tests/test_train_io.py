@@ -112,6 +112,10 @@ def test_rollouts_run_through_the_io_process_and_come_back_in_order(tmp_path: Pa
     try:
         assert bridge.generation == "polling" and bridge.port is not None
         assert bridge.server_pid in bridge.spawned  # type: ignore[attr-defined]
+        # the rollout side yields the CPU to the trainer when both want it
+        io_nice = psutil.Process(bridge._process.pid).nice()  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage]
+        assert io_nice == min(os.nice(0) + 10, 19)
+        assert psutil.Process(bridge.server_pid).nice() == io_nice
         outcomes = bridge.run([request(r) for r in (0.0, 0.5, 1.0, 0.25)])
         assert [o.sample.reward if o.sample else None for o in outcomes] == [0.0, 0.5, 1.0, 0.25]
         assert all(

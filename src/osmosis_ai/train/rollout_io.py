@@ -43,6 +43,7 @@ from osmosis_ai.errors import OsmosisError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_NICENESS = 10
 
 
 class TrainerPolicy:
@@ -442,6 +443,9 @@ def _describe(exc: BaseException) -> str:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides when to stop
+    # Below the trainer (the rollout server inherits it): when both want the CPU, the
+    # trainer's step goes first; the rollouts dispatched during it have until it ends.
+    os.nice(_NICENESS)
     channel = Channel.from_fd(int(os.environ[FD_ENV]))
     loop = new_event_loop()
     try:
