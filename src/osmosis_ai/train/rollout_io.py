@@ -446,7 +446,7 @@ def main() -> None:
     # Below the trainer (the rollout server inherits it): when both want the CPU, the
     # trainer's step goes first; the rollouts dispatched during it have until it ends.
     os.nice(_NICENESS)
-    channel = Channel.from_fd(int(os.environ[FD_ENV]))
+    channel = Channel.from_fd(int(os.environ.pop(FD_ENV)))  # (not the rollout server's)
     loop = new_event_loop()
     try:
         loop.run_until_complete(RolloutIO(channel).run())
