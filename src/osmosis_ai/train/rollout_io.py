@@ -188,7 +188,8 @@ class RolloutIO:
         elif kind == "serve":
             self._serve(message[1])
         elif kind == "start":
-            self._spawn(self._start(message[1]))
+            self._prepare(message[1])  # (at once: a "serve" may follow in the same burst)
+            self._spawn(self._start())
         elif kind == "close":
             self._done.set()
 
@@ -258,23 +259,24 @@ class RolloutIO:
         if previous is not None:
             self._spawn(previous.aclose())
 
-    async def _start(self, spec: StartSpec) -> None:
+    def _prepare(self, spec: StartSpec) -> None:
         self._spec = spec
+        self._proxy = PolicyProxy(_NotServing(), token=spec.proxy_token, request_token_data=True)
+        self._service = ControllerService(self._proxy, controller_token=spec.controller_token)
+        self._server = RolloutServerProcess(
+            rollout_dir=spec.rollout_dir,
+            entrypoint=spec.entrypoint,
+            artifact_root=spec.artifact_root,
+            env=spec.env,
+            port=spec.port,
+            on_output=_echo,
+        )
+
+    async def _start(self) -> None:
+        service, server = self._service, self._server
+        assert service is not None and server is not None
         try:
-            self._proxy = PolicyProxy(
-                _NotServing(), token=spec.proxy_token, request_token_data=True
-            )
-            self._service = ControllerService(self._proxy, controller_token=spec.controller_token)
-            self._server = RolloutServerProcess(
-                rollout_dir=spec.rollout_dir,
-                entrypoint=spec.entrypoint,
-                artifact_root=spec.artifact_root,
-                env=spec.env,
-                port=spec.port,
-                on_output=_echo,
-            )
-            await self._service.start()
-            server = self._server
+            await service.start()
             await asyncio.to_thread(server.command)  # decides: this interpreter or uv
             if server.isolated:
                 await asyncio.to_thread(server.sync)
@@ -289,7 +291,7 @@ class RolloutIO:
             await starting
             assert server.process is not None
             self._send("spawned", server.process.pid, server.port, server.instance_id)
-            self._dispatcher = Dispatcher(server.url, self._service)
+            self._dispatcher = Dispatcher(server.url, service)
             await self._dispatcher.detect_generation()
         except Exception as exc:  # our own errors travel whole, to be raised as they are
             self._send("fatal", _describe(exc), exc if isinstance(exc, OsmosisError) else None)
