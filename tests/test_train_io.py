@@ -17,15 +17,20 @@ from osmosis_ai.controller.dispatch import DispatchRequest
 from osmosis_ai.controller.rollout_process import RolloutServerError
 from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
 from osmosis_ai.train.channel import Channel, unpack
+from osmosis_ai.train.errors import TrainingError
 
 NO_MODEL_ROLLOUT = '''
-"""Answers 42 without calling a model; the grader rewards metadata["reward"]."""
+"""Answers 42 without calling a model (after metadata["sleep"] seconds); the grader
+rewards metadata["reward"]."""
+import asyncio
+
 from osmosis_ai.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
 from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
 
 
 class Echo(AgentWorkflow):
     async def run(self, ctx):
+        await asyncio.sleep(float((ctx.metadata or {}).get("sleep", 0)))
         answer = {"role": "assistant", "content": "42"}
         return AgentWorkflowOutput(messages=[*ctx.prompt, answer])
 
@@ -73,6 +78,20 @@ def test_messages_keep_their_order_size_and_bursts():
     with pytest.raises(EOFError):
         other.recv()
     other.close()
+
+
+def stopped(pid: int, timeout: float = 10.0) -> bool:
+    """Whether ``pid`` ends within ``timeout`` (a zombie has ended: it only awaits reaping
+    by the process that adopted it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def rollout_dir(root: Path, source: str) -> Path:
@@ -146,14 +165,7 @@ def test_a_vanished_trainer_takes_the_rollout_server_down_with_it(tmp_path: Path
         bridge._channel.close()  # pyright: ignore[reportOptionalMemberAccess, reportPrivateUsage]  # as a kill -9 would
         gone, _alive = psutil.wait_procs([psutil.Process(io_pid)], timeout=20)
         assert gone, "the I/O process outlived its trainer"
-        deadline = time.monotonic() + 10
-        while psutil.pid_exists(server_pid) and time.monotonic() < deadline:
-            if psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE:
-                break  # stopped; only awaits reaping by its adopter
-            time.sleep(0.05)
-        assert not psutil.pid_exists(server_pid) or (
-            psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
-        )
+        assert stopped(server_pid)
     finally:
         bridge.close()
 
@@ -199,3 +211,27 @@ def test_an_openai_compatible_policy_is_served_with_the_runs_sampling(tmp_path: 
         assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.7, 0.9, 3)
         assert body["model"] == "trained-model" and body["logprobs"] is True
         assert [c.status_code for c in outcome.calls] == [200]
+
+
+def test_a_dead_io_process_fails_the_wait_with_what_it_said(tmp_path: Path):
+    bridge = bridge_for(tmp_path, rollout_dir(tmp_path, NO_MODEL_ROLLOUT)).start()
+    try:
+        slow = DispatchRequest(
+            initial_messages=[{"role": "user", "content": "echo"}],
+            label="42",
+            metadata={"reward": 1.0, "sleep": 30},
+            agent_timeout_sec=60,
+            grader_timeout_sec=30,
+        )
+        batch = bridge.launch([slow] * 4)
+        psutil.Process(bridge._process.pid).kill()  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage]
+        with pytest.raises(TrainingError, match=r"rollout I/O process exited \(code -9\)"):
+            bridge.finish(batch)
+        with pytest.raises(TrainingError, match="exited"):  # and every later call, at once
+            bridge.run([slow])
+        server = bridge.server_pid
+        assert server is not None and psutil.pid_exists(server)
+    finally:
+        bridge.close()
+    # the server it could not stop is stopped by the trainer (it is still ours: /health says so)
+    assert stopped(server)

@@ -323,6 +323,23 @@ class RolloutServerProcess:
             self._reader.join(timeout=2)
 
 
+def stop_if_ours(pid: int, port: int, instance_id: str) -> bool:
+    """Kill the rollout server process group ``pid`` if the server on ``port`` still answers
+    ``/health`` with ``instance_id`` (so a reused pid or port is never touched); returns
+    whether it did. For servers whose starter is gone (a controller killed with -9)."""
+    import httpx
+
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0)
+    except httpx.HTTPError:
+        return False
+    if answer.headers.get(INSTANCE_HEADER) != instance_id:
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
+
+
 class _PortTaken(Exception):
     """Something else answers on, or holds, the port we picked."""
 

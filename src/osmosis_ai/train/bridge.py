@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.controller.dispatch import DispatchOutcome, DispatchRequest
+from osmosis_ai.controller.rollout_process import stop_if_ours
 from osmosis_ai.errors import UsageError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 from osmosis_ai.train.errors import TrainingError
@@ -136,6 +137,7 @@ class RolloutBridge:
         )
         self.port: int | None = None
         self.server_pid: int | None = None
+        self._instance: str | None = None
         self.generation: str | None = None
         self._channel: Channel | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -249,6 +251,9 @@ class RolloutBridge:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            pid, port, instance = self.server_pid, self.port, self._instance
+            if process.returncode != 0 and pid and port and instance:
+                stop_if_ours(pid, port, instance)  # it died without stopping its server
         channel.close()
         for thread in self._threads:
             thread.join(timeout=5)
@@ -323,7 +328,7 @@ class RolloutBridge:
             self._resolve(("abandoned", message[1]), None)
         elif kind == "spawned":
             _, pid, port, instance = message
-            self.server_pid, self.port = pid, port
+            self.server_pid, self.port, self._instance = pid, port, instance
             if self.on_spawn is not None:
                 self.on_spawn(pid, port, instance)
         elif kind == "started":

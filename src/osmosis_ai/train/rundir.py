@@ -8,21 +8,17 @@ supervised warm-up), ``resume/`` (the trainer's resumable state), ``rollouts/`` 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
 import shutil
-import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from osmosis_ai.errors import UsageError
 from osmosis_ai.train.plan import RUN_FILE, TrainPlan
@@ -277,7 +273,7 @@ class RunDir:
     def reap_orphan(self) -> int | None:
         """Stop the rollout server an earlier, killed invocation left running (only when it
         still answers ``/health`` with that invocation's instance id); returns its pid."""
-        from osmosis_ai.controller.rollout_process import INSTANCE_HEADER
+        from osmosis_ai.controller.rollout_process import stop_if_ours
 
         try:
             record = json.loads((self.path / SERVER_FILE).read_text(encoding="utf-8"))
@@ -288,18 +284,9 @@ class RunDir:
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        try:
-            answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0)
-        except httpx.HTTPError:
-            self.forget_server()
-            return None
-        if answer.headers.get(INSTANCE_HEADER) != instance:
-            self.forget_server()
-            return None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        stopped = stop_if_ours(pid, port, instance)
         self.forget_server()
-        return pid
+        return pid if stopped else None
 
     def close(self) -> None:
         self.journal.close()
