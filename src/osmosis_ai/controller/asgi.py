@@ -10,7 +10,11 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from osmosis_ai.controller.errors import UpstreamConnectionError, UpstreamError
+from osmosis_ai.controller.errors import (
+    UpstreamConnectionError,
+    UpstreamError,
+    UpstreamRequestError,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -34,6 +38,20 @@ def dumps(payload: object) -> bytes:
 def error_body(message: str, kind: str, code: str | None) -> bytes:
     """An OpenAI-style error body: ``{"error": {"message", "type", "code"}}``."""
     return dumps({"error": {"message": message, "type": kind, "code": code}})
+
+
+def refused(
+    message: str, *, status: int, kind: str, url: str, context: str | None = None
+) -> UpstreamRequestError:
+    """An upstream's refusal of one call, carrying the OpenAI-style error body it answers
+    with; ``context`` (what refused) prefixes the exception's text, not the body's."""
+    return UpstreamRequestError(
+        message if context is None else f"{context}: {message}",
+        url=url,
+        status_code=status,
+        body=error_body(message, kind, None),
+        provider_message=message,
+    )
 
 
 def upstream_error_reply(exc: UpstreamError) -> tuple[int, bytes]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.controller.dispatch import DispatchOutcome, DispatchRequest
+from osmosis_ai.controller.policy.upstream import failure_answer
 from osmosis_ai.controller.rollout_process import stop_if_ours
 from osmosis_ai.errors import UsageError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
@@ -341,7 +342,7 @@ class RolloutBridge:
         assert channel is not None
 
         def reply(answer: Any, error: BaseException | None) -> None:
-            failure = None if error is None else _call_error(error)
+            failure = None if error is None else CallError(*failure_answer(error))
             with self._lock:
                 self._replies.append(("answer", call, answer, failure))
 
@@ -390,9 +391,3 @@ class RolloutBridge:
         for future in pending:
             if not future.done():
                 future.set_exception(error if error is not None else TrainingError(fatal))
-
-
-def _call_error(error: BaseException) -> CallError:
-    if isinstance(error, UsageError):  # PolicyRequestError: the caller's fault
-        return CallError(400, str(error), "invalid_request_error")
-    return CallError(500, f"{type(error).__name__}: {error}", "server_error")

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from osmosis_ai.controller.asgi import error_body
+from osmosis_ai.controller.asgi import refused
 from osmosis_ai.controller.dispatch import Dispatcher, DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.errors import UpstreamRequestError
 from osmosis_ai.controller.loop import new_event_loop
@@ -73,12 +73,12 @@ class TrainerPolicy:
         body["model"] = self._model
         answer, error = await self._io.ask(body, chunks)
         if error is not None:
-            raise UpstreamRequestError(
-                f"the training policy failed the request: {error.message}",
+            raise refused(
+                error.message,
+                status=error.status,
+                kind=error.kind,
                 url=self.target,
-                status_code=error.status,
-                body=error_body(error.message, error.kind, None),
-                provider_message=error.message,
+                context="the training policy failed the request",
             )
         return answer
 
@@ -421,13 +421,7 @@ class _NotServing:
 
     def _error(self) -> UpstreamRequestError:
         message = "the training policy is not being served yet"
-        return UpstreamRequestError(
-            message,
-            url=self.target,
-            status_code=503,
-            body=error_body(message, "server_error", None),
-            provider_message=message,
-        )
+        return refused(message, status=503, kind="server_error", url=self.target)
 
 
 def _echo(line: str) -> None:

@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from osmosis_ai.controller.asgi import error_body
-from osmosis_ai.controller.errors import UpstreamRequestError
+from osmosis_ai.controller.asgi import refused
 from osmosis_ai.controller.upstream import Preflight, run_preflight
 from osmosis_ai.errors import UsageError
 
@@ -44,19 +43,12 @@ class LocalPolicyUpstream:
         body["model"] = self._model
         try:
             return await method(body)
-        except UsageError as exc:  # PolicyRequestError and bad weights: the caller's fault
-            raise self._error(400, str(exc), "invalid_request_error") from exc
-        except RuntimeError as exc:  # torch reports failures (out of memory, device) so
-            raise self._error(500, f"{type(exc).__name__}: {exc}", "server_error") from exc
-
-    def _error(self, status: int, message: str, kind: str) -> UpstreamRequestError:
-        return UpstreamRequestError(
-            f"local policy {self.policy.name} failed the request: {message}",
-            url=self.target,
-            status_code=status,
-            body=error_body(message, kind, None),
-            provider_message=message,
-        )
+        except (UsageError, RuntimeError) as exc:  # (torch reports out of memory so)
+            status, message, kind = failure_answer(exc)
+            context = f"local policy {self.policy.name} failed the request"
+            raise refused(
+                message, status=status, kind=kind, url=self.target, context=context
+            ) from exc
 
     async def complete(self, body: dict[str, Any]) -> bytes:
         answer = await self._call(self.policy.achat, body)
@@ -72,6 +64,15 @@ class LocalPolicyUpstream:
 
     async def aclose(self) -> None:
         return None
+
+
+def failure_answer(exc: BaseException) -> tuple[int, str, str]:
+    """How a failure of the local policy answers the call: ``(HTTP status, message, OpenAI
+    error type)``. A bad request (:class:`PolicyRequestError`, bad weights) is the caller's
+    fault (400); anything else, such as torch running out of memory, is the server's (500)."""
+    if isinstance(exc, UsageError):
+        return 400, str(exc), "invalid_request_error"
+    return 500, f"{type(exc).__name__}: {exc}", "server_error"
 
 
 def open_local_upstream(
