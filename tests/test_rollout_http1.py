@@ -227,6 +227,25 @@ async def test_post_json_sends_one_json_call_on_shared_connections():
     assert body == '{"q":"é"}'.encode()
 
 
+async def test_post_json_takes_other_urls_through_the_shared_pool(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # what an https URL gets: the shared transport's pooled fallback, no client per call
+    pooled = httpx.AsyncHTTPTransport()
+    monkeypatch.setattr("osmosis_ai.rollout.http.shared_transport", lambda: pooled)
+    error = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\noops"
+    async with raw_server(answers(ok(b'{"a":1}'), error)) as server:
+        try:
+            assert await post_json(server.url, {"q": 1}, headers={"x-k": "v"}) == {"a": 1}
+            with pytest.raises(httpx.HTTPStatusError, match="answered 500: oops"):
+                await post_json(server.url, {})
+        finally:
+            await pooled.aclose()
+    assert server.connections == 1
+    head, body = server.requests[0]
+    assert b"\r\nx-k: v\r\n" in head.lower() and body == b'{"q":1}'
+
+
 async def test_cookies_are_still_kept_when_an_answer_sets_them():
     replies = [ok(b"plain"), ok(b"sets", b"set-cookie: session=abc; Path=/\r\n"), ok(b"sent")]
     async with raw_server(answers(*replies)) as server, async_client() as client:

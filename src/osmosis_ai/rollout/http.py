@@ -51,27 +51,33 @@ async def post_json(
 ) -> Any:
     """POST ``body`` as JSON to ``url`` and return the decoded JSON answer.
 
-    ``http://`` URLs (the rollout's chat endpoint, local servers) go over the running loop's
-    shared lean connections with no client layer (no cookies, redirects or auth hooks);
-    others through a short-lived httpx client. ``timeout`` bounds connecting and each wait
-    for answer bytes. A non-2xx answer raises ``httpx.HTTPStatusError`` (with the answer's
-    status and body); a body that is not JSON raises ``ValueError``.
+    It goes over the running loop's shared pool (:func:`shared_transport`) with no client
+    layer (no cookies, redirects or auth hooks): ``http://`` URLs (the rollout's chat
+    endpoint, local servers) as one lean exchange, others through the pool's ``https``
+    connections. ``timeout`` bounds connecting and each wait for answer bytes. A non-2xx
+    answer raises ``httpx.HTTPStatusError`` (with the answer's status and body); a body
+    that is not JSON raises ``ValueError``.
     """
     from osmosis_ai.rollout.http1 import LeanTransport
 
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     sent = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
+    timeouts = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
     transport = shared_transport()
     if url.startswith("http://") and isinstance(transport, LeanTransport):
-        timeouts = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
         answer = await transport.quick(
             "POST", url, headers=sent, content=content, timeouts=timeouts
         )
         status, data = answer.status_code, answer.content
     else:
-        async with httpx.AsyncClient(timeout=timeout) as client:
-            response = await client.post(url, content=content, headers=sent)
-            status, data = response.status_code, response.content
+        request = httpx.Request(
+            "POST", url, headers=sent, content=content, extensions={"timeout": timeouts}
+        )
+        response = await transport.handle_async_request(request)
+        try:
+            status, data = response.status_code, await response.aread()
+        finally:
+            await response.aclose()
     if not 200 <= status < 300:
         request = httpx.Request("POST", url, headers=sent, content=content)
         response = httpx.Response(status, content=data, request=request)
