@@ -101,18 +101,17 @@ def rollout_dir(root: Path, source: str) -> Path:
     return folder
 
 
-def bridge_for(root: Path, folder: Path, lines: list[str] | None = None) -> RolloutBridge:
-    spawned: list[int] = []
-    bridge = RolloutBridge(
+def bridge_for(
+    root: Path, folder: Path, lines: list[str] | None = None, spawned: list[int] | None = None
+) -> RolloutBridge:
+    return RolloutBridge(
         rollout_dir=folder,
         entrypoint=folder / "main.py",
         artifact_root=root / "artifacts",
         upstream=TrainingUpstream(temperature=1.0, top_p=1.0, max_tokens=8),
         on_output=None if lines is None else lines.append,
-        on_spawn=lambda pid, port, instance: spawned.append(pid),
+        on_spawn=None if spawned is None else (lambda pid, port, instance: spawned.append(pid)),
     )
-    bridge.spawned = spawned  # type: ignore[attr-defined]
-    return bridge
 
 
 def request(reward: float) -> DispatchRequest:
@@ -127,10 +126,12 @@ def request(reward: float) -> DispatchRequest:
 
 def test_rollouts_run_through_the_io_process_and_come_back_in_order(tmp_path: Path):
     lines: list[str] = []
-    bridge = bridge_for(tmp_path, rollout_dir(tmp_path, NO_MODEL_ROLLOUT), lines).start()
+    spawned: list[int] = []
+    folder = rollout_dir(tmp_path, NO_MODEL_ROLLOUT)
+    bridge = bridge_for(tmp_path, folder, lines, spawned).start()
     try:
         assert bridge.generation == "polling" and bridge.port is not None
-        assert bridge.server_pid in bridge.spawned  # type: ignore[attr-defined]
+        assert bridge.server_pid in spawned  # as soon as it exists, and once healthy
         # the rollout side yields the CPU to the trainer when both want it
         io_nice = psutil.Process(bridge._process.pid).nice()  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage]
         assert io_nice == min(os.nice(0) + 10, 19)

@@ -185,11 +185,13 @@ class RolloutBridge:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                 )
-            threads = ((self._pump, "osmosis-io-log"), (self._receive, "osmosis-train-io"))
-            for target, name in threads:
-                thread = threading.Thread(target=target, name=name, daemon=True)
+            # the log first: the receiver joins it for the I/O process's last words
+            self._threads = [
+                threading.Thread(target=self._pump, name="osmosis-io-log", daemon=True),
+                threading.Thread(target=self._receive, name="osmosis-train-io", daemon=True),
+            ]
+            for thread in self._threads:
                 thread.start()
-                self._threads.append(thread)
             channel.send("start", self._spec)
             self.generation, self.port = started.result()
         except BaseException:
@@ -299,9 +301,7 @@ class RolloutBridge:
             if process is not None:  # its exit code and last words, for the message
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=5)
-                for thread in self._threads:
-                    if thread.name == "osmosis-io-log":
-                        thread.join(timeout=2)
+                self._threads[0].join(timeout=2)  # the log
             self._gone()
 
     def _handle(self, message: tuple[Any, ...]) -> None:
