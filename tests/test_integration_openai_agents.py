@@ -179,16 +179,16 @@ def assert_sample(result, trajectory) -> None:
 # -- end to end ---------------------------------------------------------------------------------
 
 
-async def test_multiply_rollout_streams_by_default(artifact_root):
-    result, requests, trajectory = await run_multiply(artifact_root, "oa-stream")
-    assert_sample(result, trajectory)
-    assert_requests(requests, "oa-stream", stream=True)
-
-
-async def test_multiply_rollout_without_streaming(artifact_root):
-    result, requests, trajectory = await run_multiply(artifact_root, "oa-plain", stream=False)
+async def test_multiply_rollout_sends_plain_requests_by_default(artifact_root):
+    result, requests, trajectory = await run_multiply(artifact_root, "oa-plain")
     assert_sample(result, trajectory)
     assert_requests(requests, "oa-plain", stream=False)
+
+
+async def test_multiply_rollout_streaming(artifact_root):
+    result, requests, trajectory = await run_multiply(artifact_root, "oa-stream", stream=True)
+    assert_sample(result, trajectory)
+    assert_requests(requests, "oa-stream", stream=True)
 
 
 async def test_runner_run_streamed_and_chat_shaped_trajectory_messages():

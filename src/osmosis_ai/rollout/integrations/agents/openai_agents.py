@@ -73,7 +73,7 @@ class OsmosisRolloutModel(Model):
     itself raises :class:`UnboundPlaceholderError` (a ``NotImplementedError``).
     """
 
-    def __init__(self, *, stream: bool = True, **client_options: Any) -> None:
+    def __init__(self, *, stream: bool = False, **client_options: Any) -> None:
         check_client_options(client_options, "OsmosisRolloutModel")
         self.stream = stream
         self.client_options = client_options
@@ -95,15 +95,18 @@ class OsmosisRolloutModel(Model):
 class OsmosisLitellmModel(OpenAIChatCompletionsModel):
     """The SDK's chat-completions model bound to the active rollout's endpoint and key.
 
-    The name is kept from earlier releases; LiteLLM is not involved. With ``stream=True``
-    (the default) every request streams, ``Runner.run`` included (its response is assembled
-    from the stream), which suits controllers that only stream; ``stream=False`` makes
-    ``Runner.run`` send plain requests. ``client_options`` go to ``AsyncOpenAI`` (e.g.
-    ``timeout``, ``max_retries``). It refuses to call the model before a sample source is
-    registered, which catches a ``Runner.run`` without ``session=OsmosisMemorySession()``.
+    The name is kept from earlier releases; LiteLLM is not involved. By default
+    (``stream=False``) ``Runner.run`` sends plain requests and ``Runner.run_streamed``
+    streams, as the SDK's own model does: a controller answers a rollout's model call whole
+    either way, and a plain answer costs less CPU than one parsed from a stream.
+    ``stream=True`` streams every request, ``Runner.run`` included (its response is
+    assembled from the stream), for an endpoint that only streams. ``client_options`` go to
+    ``AsyncOpenAI`` (e.g. ``timeout``, ``max_retries``). It refuses to call the model before
+    a sample source is registered, which catches a ``Runner.run`` without
+    ``session=OsmosisMemorySession()``.
     """
 
-    def __init__(self, *, stream: bool = True, **client_options: Any) -> None:
+    def __init__(self, *, stream: bool = False, **client_options: Any) -> None:
         rollout = require_rollout("OsmosisLitellmModel")
         check_client_options(client_options, "OsmosisLitellmModel")
         # a cheap client over the loop's shared pool: nothing of it outlives the rollout
