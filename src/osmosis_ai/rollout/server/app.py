@@ -36,8 +36,16 @@ from osmosis_ai.rollout.protocol import (
     RolloutInitRequest,
 )
 from osmosis_ai.rollout.server.execution import RolloutRunner
-from osmosis_ai.rollout.server.guard import ASGIApp, GuardMiddleware, Receive, Scope, Send
+from osmosis_ai.rollout.server.guard import (
+    ASGIApp,
+    GuardMiddleware,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+)
 from osmosis_ai.rollout.server.registry import DuplicateRolloutError, Registry
+from osmosis_ai.rollout.server.workers import WorkerRouter
 from osmosis_ai.rollout.status import RolloutStatus
 
 logger = logging.getLogger("osmosis_ai.rollout.server")
@@ -173,9 +181,12 @@ def create_rollout_server(
         return _Answer(200, await runner().registry.poll(entry, result_wait_timeout_sec))
 
     app = FastAPI(title="osmosis rollout server", version=PACKAGE_VERSION, lifespan=server_lifespan)
-    # Innermost first: the guard (auth, body cap) wraps the raw fast path of the two calls
-    # every rollout makes, which skips FastAPI's routing; other middleware wraps both.
+    # Innermost first: the guard (auth, body cap) wraps the worker router (which sends a
+    # rollout's calls to the worker process owning it, when there are several), which wraps
+    # the raw fast path of the two calls every rollout makes, skipping FastAPI's routing;
+    # other middleware wraps them all.
     app.add_middleware(_HotRoutes, submit=submit, result=result)
+    app.add_middleware(WorkerRouter)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
 
     # The FastAPI routes of the same two calls answer when the fast path does not apply
@@ -289,7 +300,7 @@ class _HotRoutes:
         if scope["type"] == "http" and not scope.get("root_path"):
             path, method = scope["path"], scope["method"]
             if method == "POST" and path == "/rollout":
-                body = await _read_body(receive)
+                body = await read_body(receive)
                 if body is not None:  # else the client hung up: nobody to answer
                     await (await self.submit(body)).send(send)
                 return
@@ -308,18 +319,6 @@ class _HotRoutes:
                 await (await self.result(rollout_id, token)).send(send)
                 return
         await self.app(scope, receive, send)
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or ``None`` when the client hung up first."""
-    parts: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        parts.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _ServerState:

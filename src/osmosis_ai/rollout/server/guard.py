@@ -37,6 +37,18 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or ``None`` when the client hung up first."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 class _TooLarge(Exception):
     pass
 

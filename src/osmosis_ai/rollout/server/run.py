@@ -28,7 +28,12 @@ def resolve_port(port: int | None = None) -> int:
 
 
 def run_rollout_server(
-    app: Any, *, host: str | None = None, port: int | None = None, **uvicorn_options: Any
+    app: Any,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    workers: int | None = None,
+    **uvicorn_options: Any,
 ) -> None:
     """Serve ``app`` with uvicorn until interrupted.
 
@@ -42,8 +47,18 @@ def run_rollout_server(
     What exists when it is called (the app, the workflow's libraries) is frozen out of the
     garbage collector's full passes (``gc.freeze``): those would otherwise stall every
     rollout in flight, for 50-90 ms about every 800 rollouts in a training run.
+
+    ``workers`` (else ``$OSMOSIS_ROLLOUT_WORKERS``, a number or ``auto`` for one per CPU;
+    default 1) forks that many processes serving ``app`` on the one port, for workflows
+    whose own code keeps one core busy: each rollout runs in one of them, and a request
+    about it that reaches another is passed on (see :mod:`osmosis_ai.rollout.server.workers`).
+    Backend limits such as ``max_concurrent`` then apply per worker. Needs ``os.fork``.
     """
     import uvicorn
+
+    from osmosis_ai.rollout.server.workers import resolve_workers, serve_workers
+
+    count = resolve_workers(workers)
 
     options: dict[str, Any] = {
         "log_level": "info",
@@ -52,11 +67,10 @@ def run_rollout_server(
         "ws": "none",
     }
     options.update(uvicorn_options)
+    bind_host = host or os.environ.get(HOST_ENV) or DEFAULT_HOST
+    if count > 1:
+        serve_workers(app, host=bind_host, port=resolve_port(port), workers=count, options=options)
+        return
     gc.collect()
     gc.freeze()
-    uvicorn.run(
-        app,
-        host=host or os.environ.get(HOST_ENV) or DEFAULT_HOST,
-        port=resolve_port(port),
-        **options,
-    )
+    uvicorn.run(app, host=bind_host, port=resolve_port(port), **options)

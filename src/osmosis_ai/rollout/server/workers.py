@@ -1,0 +1,477 @@
+"""One rollout app served by several worker processes on one port.
+
+A Python process runs one core's worth of workflow code, and agent frameworks spend
+milliseconds of CPU on every model call. ``run_rollout_server(app, workers=N)`` forks N
+copies of the process that built the app; they accept connections on one shared listening
+socket, each with its own registry and backend.
+
+Each rollout belongs to one worker, picked from its id (``crc32(rollout_id) % N``), so a
+controller may send a rollout's calls on any connection: a ``POST /rollout`` or a
+``GET /rollout/{id}/result|status`` that lands on another worker is forwarded over loopback
+to the owner's private listener, marked with a secret of the run so the owner serves it
+itself. ``POST /rollout/cancel`` and ``GET /health`` ask every worker and merge the answers.
+
+The parent only supervises: ``SIGINT``/``SIGTERM`` reach every worker, each drains its own
+rollouts, and a worker that dies on its own stops the rest (its rollouts are gone, and a
+controller is better told by a dead server than by a half of one). A worker whose parent
+is gone (``kill -9``) stops itself. Backend limits such as ``max_concurrent`` apply per
+worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import hmac
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+import zlib
+from collections.abc import Mapping
+from typing import Any, cast
+
+import httpx
+
+from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.http1 import LeanTransport, QuickAnswer
+from osmosis_ai.rollout.server.guard import ASGIApp, Message, Receive, Scope, Send, read_body
+
+__all__ = ["WORKERS_ENV", "WorkerRouter", "WorkerSet", "current_workers", "resolve_workers"]
+
+logger = logging.getLogger("osmosis_ai.rollout.server")
+
+WORKERS_ENV = "OSMOSIS_ROLLOUT_WORKERS"
+FORWARDED_HEADER = "x-osmosis-rollout-worker"
+_FORWARDED = FORWARDED_HEADER.encode("latin-1")
+# Not passed on: the hop's own framing, and what the forwarding request sets itself.
+_HOP_REQUEST = frozenset(
+    {
+        b"host",
+        b"content-length",
+        b"transfer-encoding",
+        b"connection",
+        b"keep-alive",
+        b"accept-encoding",
+        b"te",
+        b"upgrade",
+        b"expect",
+        b"proxy-connection",
+        _FORWARDED,
+    }
+)
+_HOP_ANSWER = frozenset(
+    {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+)
+# A long poll waits as long as the owner makes it; only the connection itself is bounded.
+_TIMEOUTS: Mapping[str, float | None] = {"connect": 10.0, "pool": None, "read": None}
+_PARENT_CHECK_SEC = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSet:
+    """This process's place among the workers of one server."""
+
+    index: int
+    origins: tuple[str, ...]
+    """``http://127.0.0.1:<port>`` of each worker's private listener, by index."""
+    secret: str
+    """Marks a request one worker forwarded to another."""
+
+    @property
+    def count(self) -> int:
+        return len(self.origins)
+
+    def owner(self, rollout_id: str) -> int:
+        """The index of the worker that runs ``rollout_id`` (the same in every process)."""
+        return zlib.crc32(rollout_id.encode("utf-8", "surrogatepass")) % len(self.origins)
+
+
+class _Serving:
+    workers: WorkerSet | None = None
+    """Set in a worker process before it serves."""
+
+
+def current_workers() -> WorkerSet | None:
+    """The worker set this process serves in, or ``None`` when it serves alone."""
+    return _Serving.workers
+
+
+def resolve_workers(workers: int | None = None) -> int:
+    """``workers``, else ``$OSMOSIS_ROLLOUT_WORKERS`` (a number, or ``auto`` for one per
+    CPU), else 1."""
+    if workers is None:
+        raw = os.environ.get(WORKERS_ENV, "").strip()
+        if not raw:
+            return 1
+        if raw.lower() == "auto":
+            return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+        try:
+            workers = int(raw)
+        except ValueError:
+            raise UsageError(
+                f"{WORKERS_ENV}={raw!r} is not a number of workers: set a whole number >= 1 "
+                "or 'auto' (one per CPU)"
+            ) from None
+        source = f"{WORKERS_ENV}={raw!r}"
+    else:
+        source = f"workers={workers!r}"
+    value = cast(object, workers)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{source} is not a number of workers: use a whole number >= 1")
+    return value
+
+
+# -- the worker processes -----------------------------------------------------------------------
+
+
+def serve_workers(app: Any, *, host: str, port: int, workers: int, options: dict[str, Any]) -> None:
+    """Fork ``workers`` uvicorn servers of ``app`` on ``host:port``; return when all stop.
+
+    Raises ``SystemExit`` with a worker's exit code when one of them died on its own.
+    """
+    import uvicorn
+
+    if not hasattr(os, "fork"):
+        raise UsageError(
+            f"workers={workers} needs os.fork, which {sys.platform} lacks: serve with workers=1"
+        )
+    config = uvicorn.Config(app, host=host, port=port, **options)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        listener = socket.create_server((host, port), family=family, backlog=config.backlog)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", host, port, exc)
+        raise SystemExit(1) from None
+    privates = [
+        socket.create_server(("127.0.0.1", 0), backlog=config.backlog) for _ in range(workers)
+    ]
+    origins = tuple(f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in privates)
+    shared = WorkerSet(index=0, origins=origins, secret=secrets.token_hex(16))
+    bound_port = listener.getsockname()[1]
+
+    children: dict[int, int] = {}
+    stopping = False
+
+    def stop_all(signum: int = signal.SIGTERM) -> None:
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        stop_all()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    exit_code = 0
+    try:
+        gc.collect()
+        gc.freeze()  # the children share what exists now, copy-on-write
+        for index in range(workers):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child, which never returns
+                _run_worker(config, listener, privates, dataclasses.replace(shared, index=index))
+            children[pid] = index
+        listener.close()
+        for sock in privates:
+            sock.close()
+        logging.getLogger("uvicorn.error").info(
+            "Uvicorn running on http://%s:%d with %d workers (pids %s; Press CTRL+C to quit)",
+            host,
+            bound_port,
+            workers,
+            ", ".join(str(pid) for pid in children),
+        )
+        while children:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            index = children.pop(pid, None)
+            if index is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            if not stopping:
+                logger.error(
+                    "rollout worker %d (pid %d) exited on its own with %s; stopping the others",
+                    index,
+                    pid,
+                    _describe_exit(code),
+                )
+                exit_code = code if code > 0 else 1
+                stopping = True
+                stop_all()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if children:  # the parent itself failed: leave no worker behind
+            stop_all(signal.SIGKILL)
+            for pid in list(children):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+    if exit_code:
+        raise SystemExit(exit_code)
+
+
+def _describe_exit(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def _run_worker(
+    config: Any, listener: socket.socket, privates: list[socket.socket], workers: WorkerSet
+) -> None:  # pragma: no cover - measured in the child processes of the tests
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _Serving.workers = workers
+        for index, sock in enumerate(privates):
+            if index != workers.index:
+                sock.close()
+        _watch_parent(os.getppid())
+        import uvicorn
+
+        uvicorn.Server(config).run(sockets=[listener, privates[workers.index]])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt:
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        logging.shutdown()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _watch_parent(parent: int) -> None:
+    """Stop this worker (as ``SIGTERM`` does) once its parent is gone."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_CHECK_SEC)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="osmosis-worker-parent", daemon=True).start()
+
+
+# -- routing requests to the owner --------------------------------------------------------------
+
+
+class WorkerRouter:
+    """ASGI middleware that sends each rollout's calls to the worker that owns it.
+
+    A pass-through when the process serves alone.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        workers = _Serving.workers
+        if workers is None or scope["type"] != "http" or scope.get("root_path"):
+            await self.app(scope, receive, send)
+            return
+        if _forwarded(scope, workers):
+            await self.app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        if method == "POST" and path == "/rollout":
+            body = await read_body(receive)
+            if body is None:
+                return  # the client hung up: nobody to answer
+            owner = _owner_of_body(workers, body)
+            if owner is None or owner == workers.index:
+                await self.app(scope, _replay(body, receive), send)
+            else:
+                await _send_answer(send, await _forward(workers, owner, scope, body))
+            return
+        if method == "GET" and path.startswith("/rollout/"):
+            rollout_id, _, leaf = path[len("/rollout/") :].rpartition("/")
+            if rollout_id and "/" not in rollout_id and leaf in ("result", "status"):
+                owner = workers.owner(rollout_id)
+                if owner != workers.index:
+                    await _send_answer(send, await _forward(workers, owner, scope, b""))
+                    return
+        elif method == "POST" and path == "/rollout/cancel":
+            body = await read_body(receive)
+            if body is not None:
+                await self._cancel(workers, scope, body, receive, send)
+            return
+        elif method == "GET" and path == "/health":
+            await self._health(workers, scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _cancel(
+        self, workers: WorkerSet, scope: Scope, body: bytes, receive: Receive, send: Send
+    ) -> None:
+        """Every worker cancels what it owns; each id's disposition comes from its owner."""
+        answers = await self._everyone(workers, scope, body, receive)
+        local = answers[workers.index]
+        failed = next((a for a in answers if a.status_code != 200), None)
+        if local.status_code != 200 or failed is not None:
+            await _send_answer(send, local if local.status_code != 200 else failed or local)
+            return
+        merged: dict[str, Any] = {}
+        for index, answer in enumerate(answers):
+            dispositions = answer.json().get("dispositions", {})
+            for rollout_id, disposition in dispositions.items():
+                if workers.owner(rollout_id) == index:
+                    merged[rollout_id] = disposition
+        await _send_answer(send, _json(200, {"dispositions": merged}, local.headers))
+
+    async def _health(self, workers: WorkerSet, scope: Scope, receive: Receive, send: Send) -> None:
+        """This worker's health with every worker's counts added up."""
+        answers = await self._everyone(workers, scope, b"", receive)
+        local = answers[workers.index]
+        if any(answer.status_code != 200 for answer in answers):
+            failed = next(a for a in answers if a.status_code != 200)
+            await _send_answer(send, local if local.status_code != 200 else failed)
+            return
+        merged = _merge_counts([answer.json() for answer in answers])
+        merged["workers"] = {"count": workers.count}
+        await _send_answer(send, _json(200, merged, local.headers))
+
+    async def _everyone(
+        self, workers: WorkerSet, scope: Scope, body: bytes, receive: Receive
+    ) -> list[QuickAnswer]:
+        async def ask(index: int) -> QuickAnswer:
+            if index == workers.index:
+                return await _capture(self.app, scope, _replay(body, receive))
+            return await _forward(workers, index, scope, body)
+
+        return list(await asyncio.gather(*(ask(index) for index in range(workers.count))))
+
+
+def _forwarded(scope: Scope, workers: WorkerSet) -> bool:
+    for name, value in scope["headers"]:
+        if name == _FORWARDED:
+            return hmac.compare_digest(value, workers.secret.encode("latin-1"))
+    return False
+
+
+def _owner_of_body(workers: WorkerSet, body: bytes) -> int | None:
+    """The owner named by a ``POST /rollout`` body; ``None`` when it names no rollout id
+    (the local worker then answers with the validation error)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    rollout_id = parsed.get("rollout_id") if isinstance(parsed, dict) else None
+    return workers.owner(rollout_id) if isinstance(rollout_id, str) and rollout_id else None
+
+
+_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LeanTransport] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _transport() -> LeanTransport:
+    loop = asyncio.get_running_loop()
+    transport = _transports.get(loop)
+    if transport is None:
+        # One connection per request in flight: a held long poll keeps its connection.
+        transport = _transports[loop] = LeanTransport(max_connections=1 << 20)
+    return transport
+
+
+async def _forward(workers: WorkerSet, owner: int, scope: Scope, body: bytes) -> QuickAnswer:
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name not in _HOP_REQUEST:
+            key = name.decode("latin-1")
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    headers[FORWARDED_HEADER] = workers.secret
+    target = scope.get("raw_path") or scope["path"].encode("utf-8")
+    if scope.get("query_string"):
+        target += b"?" + scope["query_string"]
+    url = workers.origins[owner] + target.decode("latin-1")
+    try:
+        return await _transport().quick(
+            scope["method"], url, headers=headers, content=body, timeouts=_TIMEOUTS
+        )
+    except httpx.HTTPError as exc:
+        logger.error("rollout worker %d did not answer a forwarded request: %s", owner, exc)
+        return _json(503, {"detail": f"rollout worker {owner} did not answer: {exc}"}, {})
+
+
+async def _capture(app: ASGIApp, scope: Scope, receive: Receive) -> QuickAnswer:
+    """Run ``app`` for one request and keep its answer instead of sending it."""
+    status = 500
+    headers: dict[str, str] = {}
+    parts: list[bytes] = []
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            for name, value in message.get("headers", []):
+                headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        elif message["type"] == "http.response.body":
+            parts.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return QuickAnswer(status, headers, b"".join(parts))
+
+
+async def _send_answer(send: Send, answer: QuickAnswer) -> None:
+    headers = [
+        (name.encode("latin-1"), value.encode("latin-1"))
+        for name, value in answer.headers.items()
+        if name not in _HOP_ANSWER
+    ]
+    headers.append((b"content-length", b"%d" % len(answer.content)))
+    await send({"type": "http.response.start", "status": answer.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.content})
+
+
+def _json(status: int, value: object, headers: Mapping[str, str]) -> QuickAnswer:
+    kept = {k: v for k, v in headers.items() if k != "content-type"}
+    kept["content-type"] = "application/json"
+    return QuickAnswer(status, kept, json.dumps(value, separators=(",", ":")).encode())
+
+
+def _merge_counts(bodies: list[Any]) -> Any:
+    """The first body, with numbers every body has summed and flags every body has and-ed."""
+    first = bodies[0]
+    if all(isinstance(body, bool) for body in bodies):
+        return all(bodies)
+    if all(isinstance(body, int) and not isinstance(body, bool) for body in bodies):
+        return sum(bodies)
+    if all(isinstance(body, dict) for body in bodies):
+        return {
+            key: _merge_counts([body[key] for body in bodies])
+            if all(key in body for body in bodies)
+            else value
+            for key, value in first.items()
+        }
+    return first
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands over ``body`` (already read) once, then the real one's."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

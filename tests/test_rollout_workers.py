@@ -1,0 +1,316 @@
+"""``run_rollout_server(workers=N)``: one port, N forked worker processes, each rollout's
+calls answered by the worker that runs it, whichever worker a connection lands on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.server.workers import WORKERS_ENV, WorkerSet, resolve_workers
+from osmosis_ai.testing import CallbackReceiver
+from osmosis_ai.testing.serving import free_port, serve_in_task
+from rollouts import init_body, poll_until_done
+
+pytest.importorskip("uvicorn", reason="run_rollout_server needs the server extra (uvicorn)")
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="worker processes need os.fork, which this platform lacks"
+)
+
+LEASE = "X-Osmosis-Rollout-Lease"
+KEY = "controller-key"
+
+ENTRYPOINT = textwrap.dedent(
+    """
+    import asyncio
+    import os
+
+    from osmosis_ai.rollout import AgentWorkflow, Grader, LocalBackend
+    from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
+
+
+    class Pid(AgentWorkflow):
+        async def run(self, ctx):
+            await asyncio.sleep((ctx.metadata or {}).get("sleep", 0))
+            return [*ctx.prompt, {"role": "assistant", "content": f"pid {os.getpid()}"}]
+
+
+    class Full(Grader):
+        async def grade(self, ctx):
+            ctx.set_reward(1.0)
+
+
+    if __name__ == "__main__":
+        app = create_rollout_server(backend=LocalBackend(workflow=Pid, grader=Full))
+        run_rollout_server(app)
+    """
+)
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
+        self.proc = proc
+        self.url = url
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.communicate(timeout=30)[0]
+
+
+def owner(rollout_id: str, workers: int = 2) -> int:
+    return zlib.crc32(rollout_id.encode()) % workers
+
+
+def children(pid: int) -> list[int]:
+    found = Path(f"/proc/{pid}/task/{pid}/children")
+    if found.exists():
+        return [int(child) for child in found.read_text().split()]
+    listed = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return [int(child) for child in listed.stdout.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def wait_gone(pids: list[int], limit: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+@contextlib.contextmanager
+def served(tmp_path: Path, workers: str = "2") -> Iterator[Served]:
+    script = tmp_path / "main.py"
+    script.write_text(ENTRYPOINT)
+    port = free_port()
+    env = {
+        **os.environ,
+        "_OSMOSIS_ROLLOUT_PORT": str(port),
+        "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": str(tmp_path / "artifacts"),
+        WORKERS_ENV: workers,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    server = Served(proc, url)
+    try:
+        deadline = time.monotonic() + 60
+        with httpx.Client(timeout=5) as client:
+            while True:
+                assert proc.poll() is None, server.output()
+                assert time.monotonic() < deadline, "no /health answer in 60 s"
+                try:
+                    if client.get(f"{url}/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+        yield server
+    finally:
+        if proc.poll() is None:
+            kids = children(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            finally:
+                for kid in kids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(kid, signal.SIGKILL)
+
+
+@contextlib.asynccontextmanager
+async def fresh_connections(url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A client that opens a new connection per request, so requests spread over the
+    workers the way many controller connections do."""
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+        yield client
+
+
+async def submit(client: httpx.AsyncClient, rollout_id: str, **metadata: Any) -> str:
+    body = init_body(rollout_id, "http://127.0.0.1:9/v1", metadata=metadata or None)
+    response = await client.post("/rollout", json=body)
+    assert response.status_code == 202, response.text
+    return response.json()["polling_lease_token"]
+
+
+# -- the worker count ---------------------------------------------------------------------------
+
+
+def test_worker_count_from_argument_env_or_default(monkeypatch):
+    monkeypatch.delenv(WORKERS_ENV, raising=False)
+    assert resolve_workers() == 1
+    assert resolve_workers(3) == 3
+    monkeypatch.setenv(WORKERS_ENV, "4")
+    assert resolve_workers() == 4
+    assert resolve_workers(2) == 2  # the argument wins
+    monkeypatch.setenv(WORKERS_ENV, "auto")
+    assert resolve_workers() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "OSMOSIS_ROLLOUT_WORKERS='0' is not a number of workers: use a whole number >= 1"),
+        ("two", "OSMOSIS_ROLLOUT_WORKERS='two' is not a number of workers: set a whole number"),
+    ],
+)
+def test_bad_worker_counts_name_the_value_and_the_fix(monkeypatch, value, message):
+    monkeypatch.setenv(WORKERS_ENV, value)
+    with pytest.raises(UsageError) as raised:
+        resolve_workers()
+    assert str(raised.value).startswith(message)
+    with pytest.raises(UsageError, match=r"workers=-1 is not a number of workers"):
+        resolve_workers(-1)
+
+
+def test_owner_is_stable_and_spreads_rollouts():
+    workers = WorkerSet(index=0, origins=("http://a", "http://b", "http://c"), secret="s")
+    ids = [f"rollout-{n}" for n in range(3000)]
+    owners = [workers.owner(rollout_id) for rollout_id in ids]
+    assert owners == [zlib.crc32(i.encode()) % 3 for i in ids]
+    assert all(900 < owners.count(index) < 1100 for index in range(3))
+
+
+# -- serving --------------------------------------------------------------------------------------
+
+
+async def test_each_rollout_runs_on_its_owner_whatever_connection_it_arrives_on(tmp_path):
+    with served(tmp_path) as server:
+        async with fresh_connections(server.url) as client:
+            health = (await client.get("/health")).json()
+            assert health["workers"] == {"count": 2}
+            ids = [f"w-{n}" for n in range(24)]
+            leases = await asyncio.gather(*(submit(client, i) for i in ids))
+            results = await asyncio.gather(
+                *(poll_until_done(client, i, lease) for i, lease in zip(ids, leases, strict=True))
+            )
+            statuses = [(await client.get(f"/rollout/{i}/status")).json() for i in ids]
+            duplicate = await client.post("/rollout", json=init_body(ids[0], "http://x/v1"))
+            unknown = await client.get("/rollout/nobody/result", headers={LEASE: "x"})
+    pids: dict[int, set[str]] = {0: set(), 1: set()}
+    for rollout_id, result in zip(ids, results, strict=True):
+        assert result["status"] == "success", result
+        assert result["sample"]["reward"] == 1.0
+        pids[owner(rollout_id)].add(result["sample"]["messages"][-1]["content"])
+    # every rollout of one owner ran in one process, and the two owners are two processes
+    assert len(pids[0]) == 1 and len(pids[1]) == 1 and pids[0] != pids[1], pids
+    assert [s["status"] for s in statuses] == ["success"] * len(ids)
+    assert duplicate.status_code == 409  # the owner saw the id before
+    assert unknown.status_code == 404
+
+
+async def test_cancel_and_health_cover_every_worker(tmp_path):
+    with served(tmp_path) as server:
+        async with fresh_connections(server.url) as client:
+            ids = [f"slow-{n}" for n in range(8)]
+            assert {owner(i) for i in ids} == {0, 1}
+            leases = await asyncio.gather(*(submit(client, i, sleep=60) for i in ids))
+            for _ in range(100):
+                health = (await client.get("/health")).json()
+                if health["concurrency"]["running"] == len(ids):
+                    break
+                await asyncio.sleep(0.05)
+            assert health["lifecycle"]["active_rollouts"] == len(ids)
+            assert health["concurrency"]["max_concurrent"] == 2 * 64  # per worker, summed
+            assert health["lifecycle"]["accepting_rollouts"] is True
+
+            one = await client.post("/rollout/cancel", json={"ids": [ids[0], "nobody"]})
+            assert one.json() == {
+                "dispositions": {ids[0]: "cancelled_running", "nobody": "not_found"}
+            }
+            rest = await client.post("/rollout/cancel", json={"prefix": "slow-"})
+            assert rest.status_code == 200
+            dispositions = rest.json()["dispositions"]
+            # a prefix picks live rollouts only: the first one, cancelled already, if not ended
+            assert dispositions.pop(ids[0], "ended") in ("cancelled_running", "ended")
+            assert dispositions == {i: "cancelled_running" for i in ids[1:]}
+            results = await asyncio.gather(
+                *(poll_until_done(client, i, lease) for i, lease in zip(ids, leases, strict=True))
+            )
+            bad = await client.post("/rollout/cancel", json={"ids": ["a"], "all": True})
+    assert {r["status"] for r in results} == {"cancelled"}
+    assert bad.status_code == 422
+
+
+async def test_callback_generation_through_either_worker(tmp_path):
+    receiver = CallbackReceiver(KEY)
+    with served(tmp_path) as server:
+        async with serve_in_task(receiver.app) as receiver_url, fresh_connections(server.url) as c:
+            ids = [f"cb-{n}" for n in range(8)]
+            assert {owner(i) for i in ids} == {0, 1}
+            for rollout_id in ids:
+                receiver.expect(rollout_id)
+                body = init_body(
+                    rollout_id,
+                    "http://127.0.0.1:9/v1",
+                    completion_callback_url=f"{receiver_url}/v1/rollouts/{rollout_id}/completion",
+                    grader_callback_url=f"{receiver_url}/v1/rollouts/{rollout_id}/grader",
+                    controller_api_key=KEY,
+                )
+                response = await c.post("/rollout", json=body)
+                assert (response.status_code, response.json()) == (202, {})
+            graded = await asyncio.wait_for(
+                asyncio.gather(*(receiver.wait_for(i, "grader") for i in ids)), 20
+            )
+    assert [(g["status"], g["sample"]["reward"]) for g in graded] == [("success", 1.0)] * len(ids)
+
+
+def test_sigterm_drains_and_stops_every_worker(tmp_path):
+    with served(tmp_path) as server:
+        kids = children(server.proc.pid)
+        assert len(kids) == 2
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0
+        assert wait_gone(kids) == []
+    output = server.output()
+    assert "with 2 workers" in output
+    assert output.count("Application shutdown complete.") == 2, output
+
+
+def test_a_worker_that_dies_stops_the_server(tmp_path):
+    with served(tmp_path) as server:
+        kids = children(server.proc.pid)
+        os.kill(kids[0], signal.SIGKILL)
+        assert server.proc.wait(timeout=30) == 1
+        assert wait_gone(kids) == []
+    output = server.output()
+    assert re.search(
+        rf"rollout worker \d \(pid {kids[0]}\) exited on its own with signal SIGKILL", output
+    )
+
+
+def test_workers_stop_when_their_parent_is_killed(tmp_path):
+    with served(tmp_path) as server:
+        kids = children(server.proc.pid)
+        server.proc.kill()
+        server.proc.wait(timeout=10)
+        assert wait_gone(kids) == []
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{server.url}/health", timeout=2)
