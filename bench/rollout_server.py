@@ -79,6 +79,7 @@ class Settings:
     workflows: list[str] = field(default_factory=lambda: list(WORKFLOWS))
     baseline_python: str | None = None
     baseline_generations: list[str] = field(default_factory=lambda: ["polling"])
+    workers: int = 1
 
 
 @dataclass
@@ -179,7 +180,8 @@ def wait_healthy(
 
 
 class Sampler:
-    """Samples one process's RSS (peak) and CPU time while a cell runs."""
+    """Samples a server's RSS (peak) and CPU time while a cell runs: its process and its
+    children (worker processes), summed; shared copy-on-write pages count once per process."""
 
     def __init__(self, pid: int | None) -> None:
         self.proc = psutil.Process(pid) if pid is not None else None
@@ -190,14 +192,24 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._cpu0 = 0.0
 
-    def _cpu(self) -> float:
+    def _family(self) -> list[psutil.Process]:
         assert self.proc is not None
-        times = self.proc.cpu_times()
-        return times.user + times.system
+        return [self.proc, *self.proc.children(recursive=True)]
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for proc in self._family():
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
 
     def _rss(self) -> float:
-        assert self.proc is not None
-        return self.proc.memory_info().rss / MIB
+        total = 0
+        for proc in self._family():
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        return total / MIB
 
     def _loop(self) -> None:
         while not self._stop.wait(0.05):
@@ -414,6 +426,8 @@ def start_servers(
                     "_OSMOSIS_ROLLOUT_PORT": str(port),
                     "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": str(artifacts / name),
                     "BENCH_MODEL_CLIENTS": str(settings.model_clients),
+                    # our build only: the original has no worker processes
+                    "OSMOSIS_ROLLOUT_WORKERS": str(settings.workers if server == "ours" else 1),
                     # offline: LiteLLM (in the original build) would retry a download
                     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 },
@@ -734,7 +748,15 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         help="generations the baseline build speaks (default polling: the original 0.3.8 "
         "serves only the polling generation)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes of our rollout servers (OSMOSIS_ROLLOUT_WORKERS; default 1)",
+    )
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers takes a whole number >= 1; got {args.workers}")
     workflows = [w.strip() for w in args.workflows.split(",") if w.strip()]
     unknown = sorted(set(workflows) - set(WORKFLOWS))
     if unknown or not workflows:
@@ -757,6 +779,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         workflows=workflows,
         baseline_python=args.baseline_python,
         baseline_generations=[g.strip() for g in args.baseline_generations.split(",")],
+        workers=args.workers,
     )
 
 
@@ -810,7 +833,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\ncells: {settings.warmup:g} s warm-up, then >= {settings.duration:g} s and "
         f">= {settings.min_rollouts} rollouts; RSS = server RSS at cell start -> peak; "
-        f"bare workflow on {settings.model_clients} shared model client(s)\n"
+        f"bare workflow on {settings.model_clients} shared model client(s); our servers run "
+        f"{settings.workers} worker process(es)\n"
     )
     print_header()
     interrupted = failed = False
