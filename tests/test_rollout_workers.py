@@ -21,7 +21,12 @@ import httpx
 import pytest
 
 from osmosis_ai.errors import UsageError
-from osmosis_ai.rollout.server.workers import WORKERS_ENV, WorkerSet, resolve_workers
+from osmosis_ai.rollout.server.workers import (
+    WORKERS_ENV,
+    WorkerSet,
+    resolve_workers,
+    serve_workers,
+)
 from osmosis_ai.testing import CallbackReceiver
 from osmosis_ai.testing.serving import free_port, serve_in_task
 from rollouts import init_body, poll_until_done
@@ -196,6 +201,14 @@ def test_owner_is_stable_and_spreads_rollouts():
     owners = [workers.owner(rollout_id) for rollout_id in ids]
     assert owners == [zlib.crc32(i.encode()) % 3 for i in ids]
     assert all(900 < owners.count(index) < 1100 for index in range(3))
+
+
+def test_workers_refuse_an_app_that_cannot_route_rollouts():
+    async def bare_app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("never served")
+
+    with pytest.raises(UsageError, match=r"workers=2 needs the app create_rollout_server built"):
+        serve_workers(bare_app, host="127.0.0.1", port=0, workers=2, options={})
 
 
 # -- serving --------------------------------------------------------------------------------------

@@ -145,6 +145,15 @@ def serve_workers(app: Any, *, host: str, port: int, workers: int, options: dict
         raise UsageError(
             f"workers={workers} needs os.fork, which {sys.platform} lacks: serve with workers=1"
         )
+    if (
+        not isinstance(app, str)
+        and getattr(getattr(app, "state", None), "osmosis_process_id", None) is None
+    ):
+        raise UsageError(
+            f"workers={workers} needs the app create_rollout_server built, which sends each "
+            f"rollout's calls to the worker running it; got {type(app).__name__}: pass that "
+            "app itself (its own add_middleware keeps it), or serve with workers=1"
+        )
     config = uvicorn.Config(app, host=host, port=port, **options)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
@@ -282,13 +291,13 @@ class WorkerRouter:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         workers = _Serving.workers
-        if workers is None or scope["type"] != "http" or scope.get("root_path"):
-            await self.app(scope, receive, send)
-            return
-        if _forwarded(scope, workers):
+        if workers is None or scope["type"] != "http" or _forwarded(scope, workers):
             await self.app(scope, receive, send)
             return
         path, method = scope["path"], scope["method"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):  # mounted, or served with a root path
+            path = path[len(root) :]
         if method == "POST" and path == "/rollout":
             body = await read_body(receive)
             if body is None:
