@@ -84,8 +84,12 @@ def osmosis(cwd: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedP
 
 
 @pytest.mark.timeout(360)
-@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
-def test_template_scores_full_marks(tmp_path, name):
+@pytest.mark.parametrize(
+    ("name", "workers"),
+    # the template's server also as a user may run it: in two worker processes
+    [*((name, 1) for name in sorted(FRAMEWORKS)), ("multiply-local-openai", 2)],
+)
+def test_template_scores_full_marks(tmp_path, name, workers):
     if importlib.util.find_spec(FRAMEWORKS[name]) is None:
         pytest.skip(f"{FRAMEWORKS[name]!r} is not installed (the template's framework)")
     workspace = tmp_path / "workspace"
@@ -96,6 +100,8 @@ def test_template_scores_full_marks(tmp_path, name):
         if not k.startswith(("OPENAI_", "OSMOSIS_", "_OSMOSIS_"))
     }
     env["NO_COLOR"] = "1"
+    if workers > 1:
+        env["OSMOSIS_ROLLOUT_WORKERS"] = str(workers)
 
     applied = osmosis(workspace, "template", "apply", name, "--json", env=env)
     assert applied.returncode == 0, applied.stderr
@@ -111,3 +117,5 @@ def test_template_scores_full_marks(tmp_path, name):
     run_dir = Path(resource["output_path"])
     trajectories = sorted((run_dir / "rollout_trials").glob("*/trajectory.json"))
     assert len(trajectories) == 20
+    if workers > 1:  # the run's log keeps the rollout server's own lines
+        assert f"with {workers} workers" in (run_dir / "logs.txt").read_text()
