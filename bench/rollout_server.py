@@ -55,6 +55,7 @@ TARGET_P50_MS = 10.0
 TARGET_RATIO = 0.5
 TARGET_RSS_MIB = 150.0
 TARGET_FRAMEWORK_SPEEDUP = 5.0
+SATURATING = 16  # a closed loop this wide keeps a rollout server busy
 TEMPLATES = BENCH.parent / "src" / "osmosis_ai" / "templates"
 FRAMEWORKS = {  # workflow -> (bundled template, the module its framework needs)
     "openai-agents": ("multiply-local-openai", "agents"),
@@ -672,7 +673,10 @@ def evaluate(report: Report, settings: Settings) -> None:
 
 
 def evaluate_frameworks(report: Report, settings: Settings) -> None:
-    """Framework workflows: ours against the baseline build at the same concurrency."""
+    """Framework workflows: ours against the baseline build at the same concurrency, read
+    twice. Saturated (c >= SATURATING): the closed loop keeps both servers busy, so the
+    ratio is one of throughput capacity. c = 1: one rollout at a time, so the ratio is one
+    of a single rollout's latency (the original is saturated there already, ours is not)."""
     for workflow in FRAMEWORKS:
         for generation in settings.generations:
             cells = [
@@ -684,20 +688,35 @@ def evaluate_frameworks(report: Report, settings: Settings) -> None:
                 continue
             best = max(cells, key=lambda c: c.rate)
             rates = ", ".join(f"c={c.concurrency} {c.rate:.1f}/s" for c in cells)
-            speedups = [c.speedup for c in cells if c.speedup is not None]
-            name = f"{generation} {workflow}: >= {TARGET_FRAMEWORK_SPEEDUP:g}x the baseline"
-            if not speedups:
-                why = (
-                    "--baseline-python not given"
-                    if settings.baseline_python is None
-                    else f"not in --baseline-generations {','.join(settings.baseline_generations)}"
+            target = f"{TARGET_FRAMEWORK_SPEEDUP:g}x the baseline"
+            groups = [
+                (
+                    f">= {target}, c >= {SATURATING}",
+                    [c for c in cells if c.concurrency >= SATURATING],
+                ),
+                (f">= {target}, c = 1", [c for c in cells if c.concurrency == 1]),
+            ]
+            for label, group in groups:
+                if not group:
+                    continue
+                name = f"{generation} {workflow}: {label}"
+                speedups = [c.speedup for c in group if c.speedup is not None]
+                if not speedups:
+                    why = (
+                        "--baseline-python not given"
+                        if settings.baseline_python is None
+                        else f"not in --baseline-generations "
+                        f"{','.join(settings.baseline_generations)}"
+                    )
+                    figure = f"no baseline ({why}); ours {rates}"
+                    report.targets.append(Target(name, None, figure))
+                    continue
+                each = ", ".join(
+                    f"c={c.concurrency} {c.speedup:.2f}x" for c in group if c.speedup is not None
                 )
-                figure = f"no baseline ({why}); ours {rates}"
-                report.targets.append(Target(name, None, figure))
-                continue
-            worst = min(speedups)
-            figure = f"{worst:.2f}x at worst; ours {rates}; peak {best.rate:.1f}/s"
-            report.targets.append(Target(name, worst >= TARGET_FRAMEWORK_SPEEDUP, figure))
+                worst = min(speedups)
+                figure = f"{each}; ours {rates}; peak {best.rate:.1f}/s"
+                report.targets.append(Target(name, worst >= TARGET_FRAMEWORK_SPEEDUP, figure))
 
 
 def print_targets(report: Report) -> None:
