@@ -81,6 +81,7 @@ class Settings:
     baseline_python: str | None = None
     baseline_generations: list[str] = field(default_factory=lambda: ["polling"])
     workers: int = 1
+    generator: str = "httpx"
 
 
 @dataclass
@@ -313,6 +314,8 @@ def run_cell(
         chat_url,
         "--timeout",
         str(settings.rollout_timeout),
+        "--generator",
+        settings.generator,
     ]
     if expect_reward:
         argv += ["--expect-reward", "1.0"]
@@ -630,13 +633,19 @@ def evaluate(report: Report, settings: Settings) -> None:
         cell = _find(report, generation, "ours", 64, 0.0, measured)
         ceiling = _find(report, generation, "ceiling", 64, None)
         ratio = None if cell is None else cell.ratio
+        figure = (
+            "not measured"
+            if ratio is None
+            else f"{100 * ratio:.0f}% ({cell.rate:.0f} vs {ceiling.rate:.0f} rollouts/s)"
+        )
+        if ratio is not None and settings.generator != "httpx":
+            # the ceiling is what the generator can drive: this target is set for httpx's
+            ratio, figure = None, f"{figure}; read with --generator httpx"
         targets.append(
             Target(
                 f"{generation}: >= {100 * TARGET_RATIO:.0f}% of ceiling at c=64, 0 ms model",
                 None if ratio is None else ratio >= TARGET_RATIO,
-                "not measured"
-                if ratio is None
-                else f"{100 * ratio:.0f}% ({cell.rate:.0f} vs {ceiling.rate:.0f} rollouts/s)",
+                figure,
             )
         )
         at_256 = [
@@ -773,6 +782,13 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         default=1,
         help="worker processes of our rollout servers (OSMOSIS_ROLLOUT_WORKERS; default 1)",
     )
+    parser.add_argument(
+        "--generator",
+        choices=("httpx", "lean"),
+        default="httpx",
+        help="the load generator's HTTP client: httpx (default; the ceiling targets are "
+        "set for it) or lean (a tenth of its CPU, leaving the cores to the servers)",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers takes a whole number >= 1; got {args.workers}")
@@ -799,6 +815,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         baseline_python=args.baseline_python,
         baseline_generations=[g.strip() for g in args.baseline_generations.split(",")],
         workers=args.workers,
+        generator=args.generator,
     )
 
 
@@ -853,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\ncells: {settings.warmup:g} s warm-up, then >= {settings.duration:g} s and "
         f">= {settings.min_rollouts} rollouts; RSS = server RSS at cell start -> peak; "
         f"bare workflow on {settings.model_clients} shared model client(s); our servers run "
-        f"{settings.workers} worker process(es)\n"
+        f"{settings.workers} worker process(es); generator: {settings.generator}\n"
     )
     print_header()
     interrupted = failed = False
