@@ -46,7 +46,7 @@ from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.http1 import LeanTransport, QuickAnswer
 from osmosis_ai.rollout.server.guard import ASGIApp, Message, Receive, Scope, Send, read_body
 
-__all__ = ["WORKERS_ENV", "WorkerRouter", "WorkerSet", "current_workers", "resolve_workers"]
+__all__ = ["WORKERS_ENV", "WorkerRouter", "WorkerSet", "resolve_workers", "serve_workers"]
 
 logger = logging.getLogger("osmosis_ai.rollout.server")
 
@@ -99,11 +99,6 @@ class WorkerSet:
 class _Serving:
     workers: WorkerSet | None = None
     """Set in a worker process before it serves."""
-
-
-def current_workers() -> WorkerSet | None:
-    """The worker set this process serves in, or ``None`` when it serves alone."""
-    return _Serving.workers
 
 
 def resolve_workers(workers: int | None = None) -> int:
@@ -233,7 +228,12 @@ def serve_workers(app: Any, *, host: str, port: int, workers: int, options: dict
 
 
 def _describe_exit(code: int) -> str:
-    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
 
 
 def _run_worker(
@@ -330,10 +330,9 @@ class WorkerRouter:
     ) -> None:
         """Every worker cancels what it owns; each id's disposition comes from its owner."""
         answers = await self._everyone(workers, scope, body, receive)
-        local = answers[workers.index]
-        failed = next((a for a in answers if a.status_code != 200), None)
-        if local.status_code != 200 or failed is not None:
-            await _send_answer(send, local if local.status_code != 200 else failed or local)
+        failure = _failure(answers, workers.index)
+        if failure is not None:
+            await _send_answer(send, failure)
             return
         merged: dict[str, Any] = {}
         for index, answer in enumerate(answers):
@@ -341,19 +340,19 @@ class WorkerRouter:
             for rollout_id, disposition in dispositions.items():
                 if workers.owner(rollout_id) == index:
                     merged[rollout_id] = disposition
+        local = answers[workers.index]
         await _send_answer(send, _json(200, {"dispositions": merged}, local.headers))
 
     async def _health(self, workers: WorkerSet, scope: Scope, receive: Receive, send: Send) -> None:
         """This worker's health with every worker's counts added up."""
         answers = await self._everyone(workers, scope, b"", receive)
-        local = answers[workers.index]
-        if any(answer.status_code != 200 for answer in answers):
-            failed = next(a for a in answers if a.status_code != 200)
-            await _send_answer(send, local if local.status_code != 200 else failed)
+        failure = _failure(answers, workers.index)
+        if failure is not None:
+            await _send_answer(send, failure)
             return
         merged = _merge_counts([answer.json() for answer in answers])
         merged["workers"] = {"count": workers.count}
-        await _send_answer(send, _json(200, merged, local.headers))
+        await _send_answer(send, _json(200, merged, answers[workers.index].headers))
 
     async def _everyone(
         self, workers: WorkerSet, scope: Scope, body: bytes, receive: Receive
@@ -364,6 +363,14 @@ class WorkerRouter:
             return await _forward(workers, index, scope, body)
 
         return list(await asyncio.gather(*(ask(index) for index in range(workers.count))))
+
+
+def _failure(answers: list[QuickAnswer], index: int) -> QuickAnswer | None:
+    """What to pass on when not every worker answered 200: this worker's answer first (a
+    validation error is the same everywhere), else the first failure."""
+    if answers[index].status_code != 200:
+        return answers[index]
+    return next((answer for answer in answers if answer.status_code != 200), None)
 
 
 def _forwarded(scope: Scope, workers: WorkerSet) -> bool:
