@@ -43,6 +43,7 @@ from osmosis_ai.rollout.server.guard import (
     Scope,
     Send,
     read_body,
+    send_body,
 )
 from osmosis_ai.rollout.server.registry import DuplicateRolloutError, Registry
 from osmosis_ai.rollout.server.workers import WorkerRouter
@@ -260,13 +261,7 @@ class _Answer:
         return Response(self.body, self.status, headers, media_type="application/json")
 
     async def send(self, send: Send) -> None:
-        head = [
-            (b"content-type", b"application/json"),
-            (b"content-length", b"%d" % len(self.body)),
-            *self.headers,
-        ]
-        await send({"type": "http.response.start", "status": self.status, "headers": head})
-        await send({"type": "http.response.body", "body": self.body})
+        await send_body(send, self.status, self.body, self.headers)
 
 
 def _json_answer(

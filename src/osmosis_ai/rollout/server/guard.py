@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -19,22 +19,23 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-async def send_json(
-    send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+async def send_body(
+    send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
+    """Answer with a whole JSON ``body`` (plus ``headers``)."""
+    head = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(
+    send: Send, status: int, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    await send_body(send, status, json.dumps({"detail": detail}).encode(), headers)
 
 
 async def read_body(receive: Receive) -> bytes | None:

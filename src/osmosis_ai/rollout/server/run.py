@@ -6,6 +6,8 @@ import gc
 import os
 from typing import Any
 
+from osmosis_ai.rollout.server.workers import resolve_workers, serve_workers
+
 PORT_ENV = "_OSMOSIS_ROLLOUT_PORT"
 HOST_ENV = "OSMOSIS_ROLLOUT_HOST"
 DEFAULT_PORT = 8000
@@ -55,8 +57,6 @@ def run_rollout_server(
     Backend limits such as ``max_concurrent`` then apply per worker. Needs ``os.fork``.
     """
     import uvicorn
-
-    from osmosis_ai.rollout.server.workers import resolve_workers, serve_workers
 
     count = resolve_workers(workers)
 

@@ -44,7 +44,15 @@ import httpx
 
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.http1 import LeanTransport, QuickAnswer
-from osmosis_ai.rollout.server.guard import ASGIApp, Message, Receive, Scope, Send, read_body
+from osmosis_ai.rollout.server.guard import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_body,
+)
 
 __all__ = ["WORKERS_ENV", "WorkerRouter", "WorkerSet", "resolve_workers", "serve_workers"]
 
@@ -69,8 +77,17 @@ _HOP_REQUEST = frozenset(
         _FORWARDED,
     }
 )
+# The hop's framing, what this server's own answer adds, and what send_body sets.
 _HOP_ANSWER = frozenset(
-    {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+    {
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "date",
+        "server",
+    }
 )
 # A long poll waits as long as the owner makes it; only the connection itself is bounded.
 _TIMEOUTS: Mapping[str, float | None] = {"connect": 10.0, "pool": None, "read": None}
@@ -446,20 +463,17 @@ async def _capture(app: ASGIApp, scope: Scope, receive: Receive) -> QuickAnswer:
 
 
 async def _send_answer(send: Send, answer: QuickAnswer) -> None:
+    """Pass an answer on; every answer of the rollout server is JSON."""
     headers = [
         (name.encode("latin-1"), value.encode("latin-1"))
         for name, value in answer.headers.items()
         if name not in _HOP_ANSWER
     ]
-    headers.append((b"content-length", b"%d" % len(answer.content)))
-    await send({"type": "http.response.start", "status": answer.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": answer.content})
+    await send_body(send, answer.status_code, answer.content, headers)
 
 
 def _json(status: int, value: object, headers: Mapping[str, str]) -> QuickAnswer:
-    kept = {k: v for k, v in headers.items() if k != "content-type"}
-    kept["content-type"] = "application/json"
-    return QuickAnswer(status, kept, json.dumps(value, separators=(",", ":")).encode())
+    return QuickAnswer(status, headers, json.dumps(value, separators=(",", ":")).encode())
 
 
 def _merge_counts(bodies: list[Any]) -> Any:
