@@ -14,7 +14,9 @@ import psutil
 import pytest
 
 from osmosis_ai.controller.dispatch import DispatchRequest
+from osmosis_ai.controller.errors import UpstreamError
 from osmosis_ai.controller.rollout_process import RolloutServerError
+from osmosis_ai.errors import MissingExtraError
 from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
 from osmosis_ai.train.channel import Channel, unpack
 from osmosis_ai.train.errors import TrainingError
@@ -49,6 +51,23 @@ if __name__ == "__main__":
     print("echo server starting", flush=True)
     run_rollout_server(app, log_level="warning")
 '''
+
+
+def test_our_errors_cross_the_channel_whole():
+    # what the I/O process sends when start-up fails: constructors with their own arguments
+    ours, theirs = Channel.pair()
+    other = Channel(theirs)
+    missing = MissingExtraError("server", "the rollout server", "fastapi")
+    upstream = UpstreamError("no answer", url="http://127.0.0.1:9/v1", status_code=502)
+    ours.send("fatal", "start-up failed", missing)
+    ours.send("fatal", "start-up failed", upstream)
+    (_, _, got_missing), (_, _, got_upstream) = other.recv(), other.recv()
+    assert type(got_missing) is MissingExtraError and str(got_missing) == str(missing)
+    assert (got_missing.extra, got_missing.missing) == ("server", "fastapi")
+    assert type(got_upstream) is UpstreamError and str(got_upstream) == "no answer"
+    assert (got_upstream.url, got_upstream.status_code) == ("http://127.0.0.1:9/v1", 502)
+    ours.close()
+    other.close()
 
 
 def test_messages_keep_their_order_size_and_bursts():

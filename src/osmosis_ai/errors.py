@@ -16,7 +16,23 @@ from __future__ import annotations
 
 
 class OsmosisError(Exception):
-    """Root of every error raised on purpose by osmosis-ai."""
+    """Root of every error raised on purpose by osmosis-ai.
+
+    Errors pickle whole (message and attributes) whatever their constructor takes, so they
+    cross process boundaries, such as a training run's rollout I/O process, as they are.
+    """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(
+    cls: type[OsmosisError], args: tuple[object, ...], state: dict[str, object]
+) -> OsmosisError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class UsageError(OsmosisError):

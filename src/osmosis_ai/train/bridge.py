@@ -296,6 +296,8 @@ class RolloutBridge:
                     self._handle(message)
         except (EOFError, OSError):
             pass
+        except Exception as exc:  # a message it could not read or act on: fail every wait now
+            self._gone(f"the rollout I/O channel failed: {exc!r}", exc)
         finally:
             process = self._process
             if process is not None:  # its exit code and last words, for the message

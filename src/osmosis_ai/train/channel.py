@@ -13,7 +13,7 @@ I/O process to trainer:
     ``("spawned", pid, port, instance_id)``, ``("started", generation, port)``,
     ``("chat", call, body, chunks)``, ``("callers", count)``,
     ``("outcome", batch, index, outcome)``, ``("done", batch)``,
-    ``("failed", batch, message)``, ``("abandoned", batch)``, ``("fatal", message)``
+    ``("failed", batch, message)``, ``("abandoned", batch)``, ``("fatal", message, error or None)``
 """
 
 from __future__ import annotations
