@@ -323,21 +323,58 @@ class RolloutServerProcess:
             self._reader.join(timeout=2)
 
 
-def stop_if_ours(pid: int, port: int, instance_id: str) -> bool:
-    """Kill the rollout server process group ``pid`` if the server on ``port`` still answers
-    ``/health`` with ``instance_id`` (so a reused pid or port is never touched); returns
-    whether it did. For servers whose starter is gone (a controller killed with -9)."""
+def stop_if_ours(pid: int, port: int, instance_id: str, *, grace_sec: float = 5.0) -> bool:
+    """Stop the rollout server process group ``pid`` (SIGTERM, then SIGKILL after
+    ``grace_sec``) if it runs and the server on ``port`` still answers ``/health`` as
+    ``instance_id``, so a reused pid or port is never touched; returns whether it did. For
+    servers whose starter is gone (a controller killed with -9)."""
+    if not _alive(pid) or not _answers_as(port, instance_id):
+        return False
+    _stop_group(pid, grace_sec)
+    return True
+
+
+def _answers_as(port: int, instance_id: str) -> bool:
     import httpx
 
     try:
-        answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0)
+        response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0)
     except httpx.HTTPError:
         return False
-    if answer.headers.get(INSTANCE_HEADER) != instance_id:
+    owner = response.headers.get(INSTANCE_HEADER)
+    if owner is None:  # a server that does not send the header names itself in the body
+        with contextlib.suppress(ValueError, AttributeError):
+            owner = response.json().get("instance_id")
+    return owner == instance_id
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    return True
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): kill(0) is all we know
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _stop_group(pgid: int, grace_sec: float) -> None:
+    """SIGTERM the process group, SIGKILL it if it outlives the grace period."""
+    for sig, wait in ((signal.SIGTERM, grace_sec), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pgid):
+                return
+            time.sleep(0.05)
 
 
 class _PortTaken(Exception):

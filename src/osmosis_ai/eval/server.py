@@ -14,14 +14,15 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from osmosis_ai.controller.rollout_process import INSTANCE_HEADER, RolloutServerProcess
+from osmosis_ai.controller.rollout_process import (
+    RolloutServerProcess,
+    stop_if_ours,
+)
 from osmosis_ai.eval.durable import atomic_write_json, fsync_dir, iso_utc
 from osmosis_ai.eval.plan import EvalPlan, model_credential_vars
 from osmosis_ai.eval.rundir import TRIALS_DIR
@@ -147,51 +148,8 @@ def reap_orphan(run_dir: Path) -> ServerRecord | None:
     that does not answer as ours is left alone.
     """
     record = ServerRecord.read(run_dir)
-    stopped = record is not None and _alive(record.pid) and _answers_as(record)
-    if record is not None and stopped:
-        _stop_group(record.pid)
+    stopped = record is not None and stop_if_ours(
+        record.pid, record.port, record.instance_id, grace_sec=_STOP_GRACE_SEC
+    )
     forget_server(run_dir)
     return record if stopped else None
-
-
-def _answers_as(record: ServerRecord) -> bool:
-    import httpx
-
-    try:
-        response = httpx.get(f"http://127.0.0.1:{record.port}/health", timeout=2.0, verify=False)
-    except httpx.HTTPError:
-        return False
-    owner = response.headers.get(INSTANCE_HEADER)
-    if owner is None:
-        with contextlib.suppress(ValueError, AttributeError):
-            owner = response.json().get("instance_id")
-    return owner == record.instance_id
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (macOS): kill(0) is all we know
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
-def _stop_group(pgid: int) -> None:
-    """SIGTERM the process group, SIGKILL it if it outlives the grace period."""
-    for sig, wait in ((signal.SIGTERM, _STOP_GRACE_SEC), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _alive(pgid):
-                return
-            time.sleep(0.05)
