@@ -62,7 +62,7 @@ async def post_json(
 
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     sent = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
-    timeouts = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+    timeouts = httpx.Timeout(timeout).as_dict()
     transport = shared_transport()
     if url.startswith("http://") and isinstance(transport, LeanTransport):
         answer = await transport.quick(

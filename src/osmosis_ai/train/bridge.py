@@ -41,10 +41,10 @@ _CLOSE_WAIT_SEC = 30.0
 
 class TrainingUpstream:
     """What the run's proxy serves: the trainer's local policy (sharing the trainer's
-    model) or an OpenAI-compatible server TRL keeps in sync (vLLM), with the run's sampling
-    settings: every request gets ``temperature`` and ``top_p`` (the trainer's
-    log-probabilities assume them) and at most ``max_tokens`` new tokens, whatever the agent
-    asked for."""
+    model) or an OpenAI-compatible server TRL keeps in sync (vLLM), and the run's sampling
+    settings, which the I/O process imposes on every request: ``temperature`` and ``top_p``
+    (the trainer's log-probabilities assume them) and at most ``max_tokens`` new tokens,
+    whatever the agent asked for."""
 
     def __init__(self, *, temperature: float, top_p: float, max_tokens: int) -> None:
         self.temperature = temperature
@@ -213,7 +213,7 @@ class RolloutBridge:
         outcomes: Future[list[DispatchOutcome]] = self._expect("outcomes", number)
         spec = self.upstream.spec
         try:
-            if spec is not None and spec is not self._sent:
+            if spec is not None and spec != self._sent:  # a change of policy
                 channel.send("serve", spec)
                 self._sent = spec
             channel.send("launch", number, list(requests))
@@ -340,9 +340,6 @@ class RolloutBridge:
             self._gone(message[1], message[2])
 
     def _chat(self, call: int, body: dict[str, Any], chunks: bool) -> None:
-        channel = self._channel
-        assert channel is not None
-
         def reply(answer: Any, error: BaseException | None) -> None:
             failure = None if error is None else CallError(*failure_answer(error))
             with self._lock:
