@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import gc
 import itertools
-import json
 import os
 import signal
 import sys
@@ -30,6 +29,7 @@ from osmosis_ai.controller.asgi import refused
 from osmosis_ai.controller.dispatch import Dispatcher, DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.errors import UpstreamRequestError
 from osmosis_ai.controller.loop import new_event_loop
+from osmosis_ai.controller.policy.upstream import AnsweringUpstream
 from osmosis_ai.controller.proxy import PolicyProxy
 from osmosis_ai.controller.rollout_process import RolloutServerProcess
 from osmosis_ai.controller.service import ControllerService
@@ -37,40 +37,21 @@ from osmosis_ai.controller.upstream import (
     OpenAICompatibleUpstream,
     Preflight,
     Upstream,
-    run_preflight,
 )
 from osmosis_ai.errors import OsmosisError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _NICENESS = 10
 
 
-class TrainerPolicy:
-    """The trainer's local policy, reached over the channel (an :class:`Upstream`)."""
+class TrainerPolicy(AnsweringUpstream):
+    """The trainer's local policy, reached over the channel."""
 
     def __init__(self, io: RolloutIO, model: str) -> None:
+        super().__init__(model=model, target="training-policy")
         self._io = io
-        self._model = model
 
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def target(self) -> str:
-        return "training-policy"
-
-    async def complete(self, body: dict[str, Any]) -> bytes:
-        return _ENCODER.encode(await self._ask(body, chunks=False)).encode()
-
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        for chunk in await self._ask(body, chunks=True):
-            yield _ENCODER.encode(chunk).encode()
-        yield b"[DONE]"
-
-    async def _ask(self, body: dict[str, Any], *, chunks: bool) -> Any:
-        body["model"] = self._model
+    async def answer(self, body: dict[str, Any], *, chunks: bool) -> Any:
         answer, error = await self._io.ask(body, chunks)
         if error is not None:
             raise refused(
@@ -81,12 +62,6 @@ class TrainerPolicy:
                 context="the training policy failed the request",
             )
         return answer
-
-    async def preflight(self) -> Preflight:
-        return await run_preflight(self)
-
-    async def aclose(self) -> None:
-        return None
 
 
 class RunSampling:

@@ -7,9 +7,9 @@ server would send.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.controller.asgi import refused
 from osmosis_ai.controller.upstream import Preflight, run_preflight
@@ -18,16 +18,17 @@ from osmosis_ai.errors import UsageError
 if TYPE_CHECKING:
     from osmosis_ai.controller.policy.engine import LocalPolicy
 
-_T = TypeVar("_T")
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
-class LocalPolicyUpstream:
-    """Serves ``policy`` to the proxy. ``model`` is the name in answers and records
-    (default ``local:<model dir>``); bad requests raise :class:`UpstreamRequestError` 400."""
+class AnsweringUpstream:
+    """An :class:`~osmosis_ai.controller.upstream.Upstream` whose answers are built in
+    Python (a whole chat completion, or its chunks) rather than fetched: a subclass sets
+    the model and target names and implements :meth:`answer`."""
 
-    def __init__(self, policy: LocalPolicy, *, model: str | None = None) -> None:
-        self.policy = policy
-        self._model = model or f"local:{policy.name}"
+    def __init__(self, *, model: str, target: str) -> None:
+        self._model = model
+        self._target = target
 
     @property
     def model(self) -> str:
@@ -35,28 +36,20 @@ class LocalPolicyUpstream:
 
     @property
     def target(self) -> str:
-        return f"local:{self.policy.name}"
+        return self._target
 
-    async def _call(
-        self, method: Callable[[dict[str, Any]], Awaitable[_T]], body: dict[str, Any]
-    ) -> _T:
-        body["model"] = self._model
-        try:
-            return await method(body)
-        except (UsageError, RuntimeError) as exc:  # (torch reports out of memory so)
-            status, message, kind = failure_answer(exc)
-            context = f"local policy {self.policy.name} failed the request"
-            raise refused(
-                message, status=status, kind=kind, url=self.target, context=context
-            ) from exc
+    async def answer(self, body: dict[str, Any], *, chunks: bool) -> Any:
+        """The completion for ``body`` (its ``model`` already set), or its chunks."""
+        raise NotImplementedError
 
     async def complete(self, body: dict[str, Any]) -> bytes:
-        answer = await self._call(self.policy.achat, body)
-        return json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+        body["model"] = self._model
+        return _ENCODER.encode(await self.answer(body, chunks=False)).encode()
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        for chunk in await self._call(self.policy.achat_chunks, body):
-            yield json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
+        body["model"] = self._model
+        for chunk in await self.answer(body, chunks=True):
+            yield _ENCODER.encode(chunk).encode()
         yield b"[DONE]"
 
     async def preflight(self) -> Preflight:
@@ -64,6 +57,27 @@ class LocalPolicyUpstream:
 
     async def aclose(self) -> None:
         return None
+
+
+class LocalPolicyUpstream(AnsweringUpstream):
+    """Serves ``policy`` to the proxy. ``model`` is the name in answers and records
+    (default ``local:<model dir>``); bad requests raise :class:`UpstreamRequestError` 400."""
+
+    def __init__(self, policy: LocalPolicy, *, model: str | None = None) -> None:
+        super().__init__(model=model or f"local:{policy.name}", target=f"local:{policy.name}")
+        self.policy = policy
+
+    async def answer(self, body: dict[str, Any], *, chunks: bool) -> Any:
+        try:
+            if chunks:
+                return await self.policy.achat_chunks(body)
+            return await self.policy.achat(body)
+        except (UsageError, RuntimeError) as exc:  # (torch reports out of memory so)
+            status, message, kind = failure_answer(exc)
+            context = f"local policy {self.policy.name} failed the request"
+            raise refused(
+                message, status=status, kind=kind, url=self.target, context=context
+            ) from exc
 
 
 def failure_answer(exc: BaseException) -> tuple[int, str, str]:
