@@ -25,10 +25,11 @@ import threading
 import time
 import tomllib
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from osmosis_ai.controller.errors import ControllerError
 
@@ -106,6 +107,25 @@ def _installed(requirement: Requirement) -> bool:
     return True
 
 
+class OutputTail:
+    """The last lines a child process wrote, for error messages."""
+
+    def __init__(self, keep: int = 60) -> None:
+        self._lines: deque[str] = deque(maxlen=keep)
+
+    def pump(self, stream: IO[bytes], on_output: Callable[[str], None] | None) -> None:
+        """Read ``stream`` to its end, keeping its last lines and passing each to
+        ``on_output``."""
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._lines.append(line)
+            if on_output is not None:
+                on_output(line)
+
+    def text(self, lines: int = 25) -> str:
+        return "\n".join(list(self._lines)[-lines:]) or "(no output)"
+
+
 @dataclass
 class RolloutServerProcess:
     """A rollout server child process: :meth:`start` (or :meth:`spawn`, then
@@ -122,7 +142,7 @@ class RolloutServerProcess:
     process: subprocess.Popen[bytes] | None = None
     isolated: bool = False
     _reader: threading.Thread | None = None
-    _tail: list[str] = field(default_factory=list)
+    _tail: OutputTail = field(default_factory=OutputTail)
     _command: list[str] | None = field(default=None, init=False)
     _port_given: bool = field(default=False, init=False)
 
@@ -231,7 +251,7 @@ class RolloutServerProcess:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        self._tail = []
+        self._tail = OutputTail()
         self.process = subprocess.Popen(
             command,
             cwd=self.rollout_dir,
@@ -248,12 +268,7 @@ class RolloutServerProcess:
 
     def _pump(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        for raw in self.process.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            self._tail.append(line)
-            del self._tail[:-60]
-            if self.on_output is not None:
-                self.on_output(line)
+        self._tail.pump(self.process.stdout, self.on_output)
 
     def _wait_healthy(self) -> None:
         import httpx
@@ -301,7 +316,7 @@ class RolloutServerProcess:
         )
 
     def output_tail(self, lines: int = 25) -> str:
-        return "\n".join(self._tail[-lines:]) or "(no output)"
+        return self._tail.text(lines)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

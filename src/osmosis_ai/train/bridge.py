@@ -18,7 +18,6 @@ import secrets
 import subprocess
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.controller.dispatch import DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.policy.upstream import failure_answer
-from osmosis_ai.controller.rollout_process import stop_if_ours
+from osmosis_ai.controller.rollout_process import OutputTail, stop_if_ours
 from osmosis_ai.errors import UsageError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 from osmosis_ai.train.errors import TrainingError
@@ -149,7 +148,7 @@ class RolloutBridge:
         self._fatal: str | None = None
         self._error: BaseException | None = None
         self._sent: ServeSpec | None = None
-        self._tail: deque[str] = deque(maxlen=60)
+        self._tail = OutputTail()
         self._arrived: dict[int, dict[int, DispatchOutcome]] = {}  # outcomes of running batches
         self._replies: list[tuple[Any, ...]] = []  # answers for the I/O process, not yet sent
 
@@ -162,7 +161,7 @@ class RolloutBridge:
         return self._process is not None and self._process.poll() is None
 
     def output_tail(self, lines: int = 25) -> str:
-        return "\n".join(list(self._tail)[-lines:]) or "(no output)"
+        return self._tail.text(lines)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -367,11 +366,7 @@ class RolloutBridge:
     def _pump(self) -> None:
         process = self._process
         assert process is not None and process.stderr is not None
-        for raw in process.stderr:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            self._tail.append(line)
-            if self.on_output is not None:
-                self.on_output(line)
+        self._tail.pump(process.stderr, self.on_output)
 
     def _gone(self, reason: str | None = None, error: BaseException | None = None) -> None:
         """The I/O process failed or ended: every wait ends with ``error`` (the I/O
