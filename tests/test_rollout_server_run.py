@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from osmosis_ai.rollout.server.run import YOUNG_GC_THRESHOLD
 from osmosis_ai.testing.serving import free_port
 
 pytest.importorskip("uvicorn", reason="run_rollout_server needs the server extra (uvicorn)")
@@ -33,8 +34,11 @@ ENTRYPOINT = textwrap.dedent(
 
 
     options = {"access_log": True} if "--access-log" in sys.argv else {}
+    if "--gc-threshold" in sys.argv:
+        gc.set_threshold(int(sys.argv[sys.argv.index("--gc-threshold") + 1]), 10, 10)
     run_rollout_server(create_rollout_server(backend=LocalBackend(workflow=Idle)), **options)
     print(f"frozen objects: {gc.get_freeze_count()}")
+    print(f"young threshold: {gc.get_threshold()[0]}")
     """
 )
 
@@ -76,6 +80,13 @@ def test_serves_on_the_port_env_with_startup_logs_and_no_access_log(tmp_path: Pa
     # what existed at start-up (the app, its libraries) sat out full garbage collections
     frozen = re.search(r"frozen objects: (\d+)", output)
     assert frozen is not None and int(frozen.group(1)) > 10_000, output
+    # and the young generation is collected less often than the interpreter's default
+    assert f"young threshold: {YOUNG_GC_THRESHOLD}" in output, output
+
+
+def test_keeps_a_garbage_collector_threshold_the_program_set(tmp_path: Path):
+    output = serve_and_poll(tmp_path, "--gc-threshold", "1234")
+    assert "young threshold: 1234" in output, output
 
 
 def test_access_log_comes_back_on_request(tmp_path: Path):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import hmac
 import json
 import logging
@@ -196,8 +195,6 @@ def serve_workers(app: Any, *, host: str, port: int, workers: int, options: dict
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     exit_code = 0
     try:
-        gc.collect()
-        gc.freeze()  # the children share what exists now, copy-on-write
         for index in range(workers):
             pid = os.fork()
             if pid == 0:  # pragma: no cover - runs in the child, which never returns
