@@ -82,6 +82,7 @@ class Settings:
     baseline_generations: list[str] = field(default_factory=lambda: ["polling"])
     workers: int = 1
     generator: str = "httpx"
+    repeat: int = 1
 
 
 @dataclass
@@ -97,6 +98,8 @@ class Cell:
     ratio: float | None = None  # to the ceiling
     workflow: str = "-"
     speedup: float | None = None  # ours / baseline, same workflow, generation, concurrency
+    rates: list[float] = field(default_factory=list)  # every round's rate (--repeat)
+    speedups: list[float] = field(default_factory=list)  # every round's ours / baseline
 
     @property
     def rate(self) -> float:
@@ -485,36 +488,71 @@ def benchmark(settings: Settings, report: Report, procs: Processes, artifacts: P
                 procs,
                 expect_reward=True,
             )
+            ceiling.rates = [ceiling.rate]
             report.cells.append(ceiling)
             print_row(ceiling)
+            # Every round measures each server once, a baseline right after its twin of ours,
+            # so a ratio compares two runs seconds apart; the rows are the median rounds.
+            rounds: dict[tuple[str, str, float], list[Cell]] = {}
+            for round_ in range(settings.repeat):
+                for server in servers:
+                    for latency in server.latencies:
+                        cell = run_cell(
+                            settings,
+                            generation,
+                            server.server,
+                            server.url,
+                            server.pid,
+                            concurrency,
+                            models[latency],
+                            latency,
+                            procs,
+                            expect_reward=settings.url is None,
+                            workflow=server.workflow,
+                        )
+                        cell.ratio = cell.rate / ceiling.rate if ceiling.rate > 0 else None
+                        runs = rounds.setdefault((server.server, server.workflow, latency), [])
+                        runs.append(cell)
+                        if settings.repeat == 1:
+                            continue
+                        print(
+                            f"{'':>12}round {round_ + 1}/{settings.repeat}: {server.server} "
+                            f"{server.workflow} {cell.rate:.1f}/s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
             for server in servers:
                 for latency in server.latencies:
-                    cell = run_cell(
-                        settings,
-                        generation,
-                        server.server,
-                        server.url,
-                        server.pid,
-                        concurrency,
-                        models[latency],
-                        latency,
-                        procs,
-                        expect_reward=settings.url is None,
-                        workflow=server.workflow,
-                    )
-                    cell.ratio = cell.rate / ceiling.rate if ceiling.rate > 0 else None
+                    runs = rounds[(server.server, server.workflow, latency)]
+                    cell = median_round(runs)
                     if server.server == "baseline":
                         mine = _find(
                             report, generation, "ours", concurrency, latency, server.workflow
                         )
-                        if mine is not None and cell.rate > 0:
-                            mine.speedup = mine.rate / cell.rate
+                        if mine is not None:
+                            ours = rounds[("ours", server.workflow, latency)]
+                            mine.speedups = [
+                                a.rate / b.rate for a, b in zip(ours, runs, strict=True) if b.rate
+                            ]
+                            if mine.speedups:
+                                mine.speedup = statistics.median(mine.speedups)
                     report.cells.append(cell)
                     print_row(cell)
         for server in servers:
             if server.proc is not None:
                 procs.stop(server.proc)
         shutil.rmtree(artifacts, ignore_errors=True)
+
+
+def median_round(runs: list[Cell]) -> Cell:
+    """The round whose rate is the median (the lower middle one of an even count), with
+    every round's rate and errors."""
+    ordered = sorted(runs, key=lambda c: c.rate)
+    cell = ordered[(len(ordered) - 1) // 2]
+    cell.rates = [c.rate for c in runs]
+    if len(runs) > 1:
+        cell.result = {**cell.result, "errors": sum(c.result.get("errors", 0) for c in runs)}
+    return cell
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -721,11 +759,20 @@ def evaluate_frameworks(report: Report, settings: Settings) -> None:
                     report.targets.append(Target(name, None, figure))
                     continue
                 each = ", ".join(
-                    f"c={c.concurrency} {c.speedup:.2f}x" for c in group if c.speedup is not None
+                    f"c={c.concurrency} {c.speedup:.2f}x{_spread(c.speedups)}"
+                    for c in group
+                    if c.speedup is not None
                 )
                 worst = min(speedups)
                 figure = f"{each}; ours {rates}; peak {best.rate:.1f}/s"
                 report.targets.append(Target(name, worst >= TARGET_FRAMEWORK_SPEEDUP, figure))
+
+
+def _spread(values: list[float]) -> str:
+    """`` (min-max of N rounds)`` when there were several rounds."""
+    if len(values) < 2:
+        return ""
+    return f" ({min(values):.2f}-{max(values):.2f}, {len(values)} rounds)"
 
 
 def print_targets(report: Report) -> None:
@@ -789,7 +836,17 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         help="the load generator's HTTP client: httpx (default; the ceiling targets are "
         "set for it) or lean (a tenth of its CPU, leaving the cores to the servers)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds per cell (default 1): each round runs every server once, a baseline "
+        "right after its twin; rows show the median round, the speed-up the median of the "
+        "rounds' ratios (for a machine whose speed drifts)",
+    )
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat takes a whole number >= 1; got {args.repeat}")
     if args.workers < 1:
         parser.error(f"--workers takes a whole number >= 1; got {args.workers}")
     workflows = [w.strip() for w in args.workflows.split(",") if w.strip()]
@@ -816,6 +873,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         baseline_generations=[g.strip() for g in args.baseline_generations.split(",")],
         workers=args.workers,
         generator=args.generator,
+        repeat=args.repeat,
     )
 
 
@@ -870,7 +928,9 @@ def main(argv: list[str] | None = None) -> int:
         f"\ncells: {settings.warmup:g} s warm-up, then >= {settings.duration:g} s and "
         f">= {settings.min_rollouts} rollouts; RSS = server RSS at cell start -> peak; "
         f"bare workflow on {settings.model_clients} shared model client(s); our servers run "
-        f"{settings.workers} worker process(es); generator: {settings.generator}\n"
+        f"{settings.workers} worker process(es); generator: {settings.generator}"
+        + (f"; median of {settings.repeat} rounds per cell" if settings.repeat > 1 else "")
+        + "\n"
     )
     print_header()
     interrupted = failed = False
