@@ -746,7 +746,7 @@ def evaluate_frameworks(report: Report, settings: Settings) -> None:
                     False,
                 ),
                 (
-                    "vs the baseline, c = 1 (latency)",
+                    "ratio at c = 1 (latency)",
                     [c for c in cells if c.concurrency == 1],
                     True,
                 ),
