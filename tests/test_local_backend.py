@@ -341,3 +341,115 @@ async def test_grader_concurrency_limit(artifact_root):
     )
     await asyncio.gather(*(backend.execute(req(f"g{i}")) for i in range(6)))
     assert peak == 2
+
+
+# -- the grader callback contract: asked for once, answered once --------------------------
+
+
+class Raises(AgentWorkflow[AgentWorkflowConfig]):
+    async def run(self, ctx):
+        raise RuntimeError("the agent fell over")
+
+
+class NeverEnds(AgentWorkflow[AgentWorkflowConfig]):
+    async def run(self, ctx):
+        await asyncio.Event().wait()
+
+
+class ReturnsNumber(AgentWorkflow[AgentWorkflowConfig]):
+    async def run(self, ctx):
+        return 42
+
+
+class Recorder:
+    """Both callbacks of one ``execute`` call, in the order they came."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ExecutionResult]] = []
+
+    async def workflow(self, result: ExecutionResult) -> None:
+        self.calls.append(("workflow", result))
+
+    async def grader(self, result: ExecutionResult) -> None:
+        self.calls.append(("grader", result))
+
+    def only(self, phase: str) -> ExecutionResult:
+        results = [r for p, r in self.calls if p == phase]
+        assert len(results) == 1, f"{phase} callback came {len(results)} times"
+        return results[0]
+
+
+@pytest.mark.parametrize(
+    ("workflow", "agent_timeout", "category", "message"),
+    [
+        (Raises, None, RolloutErrorCategory.AGENT_ERROR, "the agent fell over"),
+        (NeverEnds, 0.05, RolloutErrorCategory.TIMEOUT, "workflow exceeded its 0.05s deadline"),
+        (ReturnsNumber, None, RolloutErrorCategory.VALIDATION_ERROR, "int"),
+    ],
+    ids=["raises", "times-out", "invalid-output"],
+)
+async def test_failed_workflow_still_answers_the_grader_callback(
+    artifact_root, workflow, agent_timeout, category, message
+):
+    graded: list[str] = []
+
+    class Counting(Grader):
+        async def grade(self, ctx):
+            graded.append(ctx.label)
+            ctx.set_reward(1.0)
+
+    calls = Recorder()
+    backend = LocalBackend(workflow=workflow, grader=Counting)
+    outcome = await backend.execute(
+        req("wf-fails", agent_timeout_sec=agent_timeout), calls.workflow, calls.grader
+    )
+    assert [phase for phase, _ in calls.calls] == ["workflow", "grader"]
+    done = calls.only("workflow")
+    assert done.status is RolloutStatus.FAILURE and done.err_category is category
+    assert message in (done.err_message or "")
+    answer = calls.only("grader")
+    assert answer.status is RolloutStatus.FAILURE
+    assert answer.sample is None
+    assert (answer.err_message, answer.err_category) == (done.err_message, done.err_category)
+    assert graded == []  # the grader never ran on a failed workflow
+    assert outcome.grader is None  # no grading phase: the outcome is the workflow's
+    assert outcome.result.status is RolloutStatus.FAILURE
+    assert backend.rollout_status("wf-fails")["status"] == "failure"  # type: ignore[index]
+
+
+async def test_successful_workflow_gets_the_graders_result_through_the_callback(artifact_root):
+    calls = Recorder()
+    backend = LocalBackend(workflow=EchoWorkflow, grader=ExactGrader)
+    outcome = await backend.execute(req("ok"), calls.workflow, calls.grader)
+    assert [phase for phase, _ in calls.calls] == ["workflow", "grader"]
+    assert calls.only("workflow").status is RolloutStatus.SUCCESS
+    answer = calls.only("grader")
+    assert answer.status is RolloutStatus.SUCCESS
+    assert answer.sample is not None and answer.sample.reward == 1.0
+    assert answer is outcome.grader
+
+
+async def test_no_grader_callback_asked_for_means_none_is_called(artifact_root):
+    calls = Recorder()
+    for workflow in (EchoWorkflow, Raises):
+        await LocalBackend(workflow=workflow, grader=ExactGrader).execute(
+            req(f"no-grade-{workflow.__name__}", grade=False), calls.workflow
+        )
+    assert [phase for phase, _ in calls.calls] == ["workflow", "workflow"]
+
+
+async def test_no_grader_configured_still_answers_the_grader_callback(artifact_root):
+    calls = Recorder()
+    await LocalBackend(workflow=EchoWorkflow).execute(req("bare"), calls.workflow, calls.grader)
+    answer = calls.only("grader")
+    assert answer.status is RolloutStatus.FAILURE and answer.sample is None
+    assert "no grader is configured" in (answer.err_message or "")
+
+
+async def test_grader_callback_with_grading_switched_off_is_refused(artifact_root):
+    calls = Recorder()
+    backend = LocalBackend(workflow=EchoWorkflow, grader=ExactGrader)
+    with pytest.raises(ValueError, match="grade=False"):
+        await backend.execute(req("contradiction", grade=False), calls.workflow, calls.grader)
+    assert calls.calls == []
+    assert backend.rollout_status("contradiction") is None

@@ -20,6 +20,11 @@ class ExecutionBackend(ABC):
     grading ends, so the callback protocol can report each phase when it happens. A backend
     written for the callback-only interface may return ``None`` after calling the callbacks;
     the server then builds the outcome from them.
+
+    Passing ``on_grader_complete`` asks for grading, and a backend calls it exactly once:
+    with the grader's result, or, when no grading could run (the workflow failed, timed out
+    or returned something invalid), with a FAILURE result that has no sample. Whoever drives
+    a backend can therefore wait for that callback without a deadline of its own.
     """
 
     @abstractmethod

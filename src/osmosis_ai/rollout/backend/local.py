@@ -2,8 +2,10 @@
 
 Per rollout: wait for a slot (queue time counts against the agent deadline), run the
 workflow inside the ambient :class:`RolloutContext`, report it, then (when grading was
-asked for and the workflow succeeded) run the grader under its own deadline. The backend
-tracks every rollout's status and can cancel queued and running rollouts.
+asked for and the workflow succeeded) run the grader under its own deadline. When grading
+was asked for and the workflow failed, timed out or returned something invalid, the grader
+callback still comes, once: a FAILURE without a sample that repeats the workflow's error.
+The backend tracks every rollout's status and can cancel queued and running rollouts.
 """
 
 from __future__ import annotations
@@ -196,6 +198,11 @@ class LocalBackend(ExecutionBackend):
         on_workflow_complete: ResultCallback | None = None,
         on_grader_complete: ResultCallback | None = None,
     ) -> ExecutionOutcome:
+        if on_grader_complete is not None and not request.grade:
+            raise ValueError(
+                f"rollout {request.id!r}: on_grader_complete was given but the request has "
+                "grade=False; pass grade=True to have it graded, or no grader callback"
+            )
         tracked = _Tracked(RolloutStatus.QUEUED, asyncio.current_task())
         self._tracked[request.id] = tracked
         rctx = get_rollout_context()
@@ -209,6 +216,10 @@ class LocalBackend(ExecutionBackend):
                     await ctx.set_status(RolloutStatus.GRADING)
                     grader = await self._grader_phase(request, workflow.sample, tracked)
                     await _notify(on_grader_complete, grader, "grader")
+                elif request.grade:
+                    # No grading phase, but whoever asked for the grader callback is waiting
+                    # on it: a failure without a sample, naming why the workflow failed.
+                    await _notify(on_grader_complete, _ungraded(workflow), "grader")
             outcome = ExecutionOutcome(workflow, grader)
             final = outcome.result
             self._finish(request.id, tracked, final.status, final.sample, final.err_message)
@@ -443,6 +454,11 @@ async def _notify(callback: ResultCallback | None, result: ExecutionResult, phas
         raise
     except Exception:
         logger.exception("on_%s_complete callback failed", phase)
+
+
+def _ungraded(workflow: ExecutionResult) -> ExecutionResult:
+    """The grader callback's result when the workflow failed: FAILURE, no sample."""
+    return ExecutionResult.failure(workflow.err_message, workflow.err_category)
 
 
 def _timeout_result(
