@@ -23,6 +23,7 @@ from osmosis_ai.controller.errors import (
 )
 from osmosis_ai.controller.transport import open_transport
 from osmosis_ai.errors import ConfigError, MissingExtraError
+from osmosis_ai.rollout.sse import SSEDecoder
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_TIMEOUT_SEC = 600.0
@@ -181,42 +182,28 @@ async def sse_payloads(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[
 
     An ``event: error`` raises :class:`UpstreamRequestError` with its payload.
     """
-    buffer = b""
-    data: list[bytes] = []
-    event = b""
+    decoder = SSEDecoder()
     async for chunk in chunks:
-        buffer += chunk
-        if b"\n" not in chunk:
-            continue
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.endswith(b"\r"):
-                line = line[:-1]  # noqa: PLW2901
-            if line:
-                if line.startswith(b"data:"):
-                    data.append(line[6:] if line.startswith(b"data: ") else line[5:])
-                elif line.startswith(b"event:"):
-                    event = line[6:].strip()
-                continue
-            if data:
-                payload = b"\n".join(data)
-                data = []
-                if event == b"error":
-                    said = provider_message(payload)
-                    raise UpstreamRequestError(
-                        f"model upstream {url} sent an error event mid-stream: {said}",
-                        url=url,
-                        body=payload,
-                        provider_message=said,
-                    )
-                yield payload
-                if payload == b"[DONE]":
-                    return
-            event = b""
-    if buffer.startswith(b"data:"):
-        data.append(buffer[5:].strip())
-    if data:
-        yield b"\n".join(data)
+        for event, payload in decoder.feed(chunk):
+            if event == b"error":
+                raise _error_event(payload, url)
+            yield payload
+            if payload == b"[DONE]":
+                return
+    for event, payload in decoder.flush():
+        if event == b"error":
+            raise _error_event(payload, url)
+        yield payload
+
+
+def _error_event(payload: bytes, url: str) -> UpstreamRequestError:
+    said = provider_message(payload)
+    return UpstreamRequestError(
+        f"model upstream {url} sent an error event mid-stream: {said}",
+        url=url,
+        body=payload,
+        provider_message=said,
+    )
 
 
 async def run_preflight(upstream: Upstream) -> Preflight:

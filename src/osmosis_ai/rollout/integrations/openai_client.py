@@ -32,6 +32,7 @@ from osmosis_ai.rollout.integrations import (
     require_rollout,
 )
 from osmosis_ai.rollout.sample import RolloutSample
+from osmosis_ai.rollout.sse import sse_events
 
 __all__ = [
     "ChatTranscriptSource",
@@ -231,11 +232,10 @@ def _reply_from_sse(body: bytes) -> dict[str, Any] | None:
     reasoning: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     seen = finished = False
-    for line in body.decode("utf-8", "replace").splitlines():
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
+    for event, payload in sse_events(body):
+        if event == b"error":
+            return None
+        if payload == b"[DONE]":
             finished = True
             break
         try:
