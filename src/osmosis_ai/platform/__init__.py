@@ -1,3 +1,29 @@
-"""The self-hosted Osmosis platform: its server, and the client the CLI talks to it with."""
+"""The self-hosted Osmosis platform: its server, and the client the CLI talks to it with.
+
+Layout (server parts need the ``platform`` extra and are imported only when used)::
+
+    settings.py      PlatformSettings: data dir, database URL, public URL (tokens are scoped
+                     to it), load_settings(); standard library only
+    errors.py        PlatformError tree; each error knows its HTTP status and envelope
+                     {error, message, code?, field?, details?}; light to import
+    auth.py          API tokens: mint (raw shown once, SHA-256 stored), authenticate with
+                     distinct 401 codes, revoke; Principal = the caller
+    store/orm.py     the one ORM module: every table (SQLAlchemy 2 typed declarative)
+    store/database.py  make_engine (SQLite WAL + pragmas, or PostgreSQL), Database with
+                     transaction(), open_database(settings) which migrates first
+    store/migrate.py Alembic run programmatically under a lock; refuses a newer schema
+    store/migrations/versions/  the revisions (the schema changes only here)
+    services/        plain functions over a Session, one module per resource (accounts.py:
+                     users, workspaces, memberships, Git-identity lookup); raise errors.py
+    api/app.py       create_platform_app(settings); ROUTERS lists the router modules
+    api/deps.py      Platform (settings, database, clock), PrincipalDep, WorkspaceDep
+                     (from X-Osmosis-Git; a workspace the caller is not in answers 404)
+    api/errors.py    every error as the envelope; 422 becomes 400 VALIDATION with issues
+    api/version.py   X-Osmosis-Version-* headers, 426 below MIN_SUPPORTED_CLI_VERSION
+    api/wire.py      shared pydantic wire models; a resource's own live in its router
+    api/<resource>.py  one router per resource (tokens.py, workspaces.py, ...)
+    crypto.py        data-dir keys, secret encryption; objects.py  file store, signed URLs
+    client.py        the /api/cli client the CLI uses (imports no server code)
+"""
 
 from __future__ import annotations

@@ -1,0 +1,84 @@
+"""``create_platform_app(settings)``: the platform's FastAPI app.
+
+Opening the app opens the database and migrates it (under a lock) before the first request;
+the version middleware answers unsupported CLIs with 426 before any route; every error is
+the platform's envelope (:mod:`osmosis_ai.platform.api.errors`). Resource routers are listed
+in :data:`ROUTERS` (module paths, each with a ``router``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncGenerator, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+
+from osmosis_ai.errors import MissingExtraError
+
+try:
+    from fastapi import APIRouter, FastAPI
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
+    raise MissingExtraError("platform", "The platform server", exc.name) from exc
+try:
+    import sqlalchemy  # noqa: F401  # pyright: ignore[reportUnusedImport]
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
+    raise MissingExtraError("platform", "The platform server", exc.name) from exc
+
+from osmosis_ai.consts import PACKAGE_VERSION
+from osmosis_ai.platform.api.deps import Platform
+from osmosis_ai.platform.api.errors import install_error_handlers
+from osmosis_ai.platform.api.version import VersionSignalMiddleware
+from osmosis_ai.platform.settings import PlatformSettings
+from osmosis_ai.platform.store.database import Database, open_database
+from osmosis_ai.platform.store.orm import utcnow
+
+# One module per resource; each defines ``router``. Order is the order of the OpenAPI doc.
+ROUTERS: tuple[str, ...] = (
+    "osmosis_ai.platform.api.tokens",
+    "osmosis_ai.platform.api.workspaces",
+)
+
+
+def create_platform_app(
+    settings: PlatformSettings,
+    *,
+    database: Database | None = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> FastAPI:
+    """The platform app for ``settings``; opens (and migrates) its database unless given one.
+
+    A database the app opened is closed when the app shuts down.
+    """
+    owned = database is None
+    db = open_database(settings) if database is None else database
+    platform = Platform(settings=settings, database=db, clock=clock)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncGenerator[None]:
+        try:
+            yield
+        finally:
+            if owned:
+                db.dispose()
+
+    app = FastAPI(
+        title="Osmosis platform",
+        version=PACKAGE_VERSION,
+        lifespan=lifespan,
+        docs_url="/api/docs",
+        redoc_url=None,
+        openapi_url="/api/openapi.json",
+    )
+    app.state.platform = platform
+    install_error_handlers(app)
+    app.add_middleware(VersionSignalMiddleware)
+
+    @app.get("/api/health", include_in_schema=False)
+    def health() -> dict[str, str]:  # pyright: ignore[reportUnusedFunction]
+        return {"status": "ok", "version": PACKAGE_VERSION}
+
+    for module in ROUTERS:
+        router = importlib.import_module(module).router
+        assert isinstance(router, APIRouter)
+        app.include_router(router)
+    return app

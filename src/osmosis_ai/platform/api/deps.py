@@ -1,0 +1,130 @@
+"""What routes depend on: the running platform, the caller's principal, its workspace.
+
+Routes get plain values (``Principal``, ``WorkspaceAccess``) and open their own transaction
+with ``platform.transaction()`` around one service call, so a commit always happens before
+the answer is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from osmosis_ai.platform.auth import Principal, authenticate
+from osmosis_ai.platform.errors import InvalidRequest, NotFound
+from osmosis_ai.platform.services.accounts import (
+    WorkspaceAccess,
+    normalize_repo,
+    workspace_for_name,
+    workspace_for_repo,
+)
+from osmosis_ai.platform.settings import PlatformSettings
+from osmosis_ai.platform.store.database import Database
+from osmosis_ai.platform.store.orm import utcnow
+
+GIT_HEADER = "x-osmosis-git"
+WORKSPACE_HEADER = "x-osmosis-workspace"
+
+
+@dataclass
+class Platform:
+    """One running platform: settings, database, clock (injected in tests)."""
+
+    settings: PlatformSettings
+    database: Database
+    clock: Callable[[], datetime] = utcnow
+    extras: dict[str, object] = field(default_factory=dict[str, object])
+
+    def now(self) -> datetime:
+        return self.clock()
+
+    @contextmanager
+    def transaction(self) -> Generator[Session]:
+        with self.database.transaction() as session:
+            yield session
+
+
+def current_platform(request: Request) -> Platform:
+    platform = request.app.state.platform
+    assert isinstance(platform, Platform)
+    return platform
+
+
+PlatformDep = Annotated[Platform, Depends(current_platform)]
+
+
+def bearer_token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+def authenticated(request: Request, platform: PlatformDep) -> Principal:
+    """The caller, from ``Authorization: Bearer <token>``; 401 with a code otherwise."""
+    raw = bearer_token(request)
+    with platform.transaction() as session:
+        return authenticate(
+            session, raw, platform_url=platform.settings.public_url, now=platform.now()
+        )
+
+
+PrincipalDep = Annotated[Principal, Depends(authenticated)]
+
+
+def optional_workspace(
+    request: Request, platform: PlatformDep, principal: PrincipalDep
+) -> WorkspaceAccess | None:
+    """The workspace the request is scoped to, if it names one (``X-Osmosis-Git`` or name)."""
+    git = request.headers.get(GIT_HEADER)
+    name = request.headers.get(WORKSPACE_HEADER)
+    if not git and not name:
+        return None
+    with platform.transaction() as session:
+        if git:
+            try:
+                repo = normalize_repo(git)
+            except InvalidRequest:
+                raise InvalidRequest(
+                    f"The X-Osmosis-Git header {git!r} is not an owner/repo identity.",
+                    code="GIT_SCOPE_HEADER_INVALID",
+                    field="X-Osmosis-Git",
+                ) from None
+            found = workspace_for_repo(session, principal.user_id, repo)
+            label = f"repository {repo}"
+        else:
+            assert name is not None
+            found = workspace_for_name(session, principal.user_id, name.strip())
+            label = f"workspace {name.strip()!r}"
+    if found is None:
+        raise NotFound(
+            f"No workspace you belong to is connected to {label}. Check the repository's "
+            "origin, or ask a workspace admin to add you.",
+            code="GIT_SCOPE_HEADER_ACCESS_DENIED",
+        )
+    return found
+
+
+def required_workspace(
+    workspace: Annotated[WorkspaceAccess | None, Depends(optional_workspace)],
+) -> WorkspaceAccess:
+    """The workspace of a repo-scoped call: 400 when the request names none."""
+    if workspace is None:
+        raise InvalidRequest(
+            "This call needs a workspace: send X-Osmosis-Git: owner/repo (run the command "
+            "inside the workspace repository).",
+            code="GIT_SCOPE_HEADER_REQUIRED",
+            field="X-Osmosis-Git",
+        )
+    return workspace
+
+
+WorkspaceDep = Annotated[WorkspaceAccess, Depends(required_workspace)]
+OptionalWorkspaceDep = Annotated[WorkspaceAccess | None, Depends(optional_workspace)]

@@ -1,0 +1,137 @@
+"""``/objects/{key}``: the signed URLs of the object store, served by the platform itself.
+
+* ``PUT ?op=put&upload_id&size&content_type`` the body of a simple upload (the request must
+  carry the ``Content-Type`` it was signed with, as the create answer's ``upload_headers``
+  say);
+* ``PUT ?op=part&upload_id&part_number&size`` one part of a multipart upload, answered with
+  its ``ETag`` header;
+* ``GET``/``HEAD ?op=get[&name]`` the object (ranges supported), saved as ``name``.
+
+Bodies stream to disk in chunks as they arrive (``request.stream()``), never whole in
+memory. Every failure answers the platform's error envelope: 403 for an expired or altered
+URL, 400 for a body longer or shorter than signed, 404 for an upload that was completed or
+aborted. These routes need no bearer token: the signature is the credential.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route, Router
+
+from osmosis_ai.platform.errors import InvalidRequest, PlatformError
+from osmosis_ai.platform.objects import (
+    ObjectStore,
+    SignatureRejected,
+    UploadSizeMismatch,
+    UrlSigner,
+)
+
+CONTENT_TYPE = "application/octet-stream"
+
+
+def objects_router(store: ObjectStore, signer: UrlSigner) -> Router:
+    """The ASGI routes to mount at ``/objects``."""
+
+    async def put(request: Request) -> Response:
+        key: str = request.path_params["key"]
+        try:
+            query = _single_values(request)
+            op = query.get("op", "")
+            if op == "put":
+                fields = signer.verify("put", key, query)
+                _check_content_type(request, fields.get("content_type", CONTENT_TYPE))
+                size = _declared(request, fields)
+                upload_id = _upload_for(store, fields, key)
+                await store.receive_whole(upload_id, _body(request), size=size)
+                return Response(status_code=200)
+            if op == "part":
+                fields = signer.verify("part", key, query)
+                size = _declared(request, fields)
+                upload_id = _upload_for(store, fields, key)
+                etag = await store.receive_part(
+                    upload_id, _int(fields, "part_number"), _body(request), size=size
+                )
+                return Response(status_code=200, headers={"ETag": f'"{etag}"'})
+            raise SignatureRejected(f"this URL is not signed for a PUT (op={op!r})")
+        except PlatformError as error:
+            return _error(error)
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody is listening; nothing was kept
+
+    async def get(request: Request) -> Response:
+        key: str = request.path_params["key"]
+        try:
+            fields = signer.verify("get", key, _single_values(request))
+            info = store.stat(key)
+        except PlatformError as error:
+            return _error(error)
+        name = fields.get("name") or key.rsplit("/", 1)[-1]
+        return FileResponse(
+            store.path(info.key),
+            media_type=CONTENT_TYPE,
+            filename=name,
+        )
+
+    return Router(
+        routes=[
+            Route("/{key:path}", put, methods=["PUT"]),
+            Route("/{key:path}", get, methods=["GET", "HEAD"]),
+        ]
+    )
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    async for chunk in request.stream():
+        if chunk:
+            yield chunk
+
+
+def _single_values(request: Request) -> dict[str, str]:
+    query = request.query_params
+    repeated = sorted({name for name in query if len(query.getlist(name)) > 1})
+    if repeated:
+        raise SignatureRejected(f"the URL repeats parameters {repeated}; use the URL as issued")
+    return dict(query)
+
+
+def _int(fields: Mapping[str, str], name: str) -> int:
+    try:
+        return int(fields[name])
+    except (KeyError, ValueError):
+        raise SignatureRejected(f"the URL has no valid {name!r}") from None
+
+
+def _declared(request: Request, fields: Mapping[str, str]) -> int:
+    """The signed size; a ``Content-Length`` that differs is refused before any byte is read."""
+    size = _int(fields, "size")
+    length = request.headers.get("content-length")
+    if length is not None and length.strip() != str(size):
+        raise UploadSizeMismatch(
+            f"Content-Length {length} differs from the {size} bytes this URL was signed for; "
+            "request a new upload URL with the file's real size",
+            field="Content-Length",
+        )
+    return size
+
+
+def _check_content_type(request: Request, expected: str) -> None:
+    got = request.headers.get("content-type")
+    if got != expected:
+        raise SignatureRejected(
+            f"this URL needs the header Content-Type: {expected} (got {got!r}); send the "
+            "upload_headers the platform answered with"
+        )
+
+
+def _upload_for(store: ObjectStore, fields: Mapping[str, str], key: str) -> str:
+    upload_id = fields.get("upload_id", "")
+    if store.upload_key(upload_id) != key:
+        raise InvalidRequest(f"upload {upload_id!r} is not for object {key!r}")
+    return upload_id
+
+
+def _error(error: PlatformError) -> JSONResponse:
+    return JSONResponse(error.envelope(), status_code=error.status_code)

@@ -1,0 +1,151 @@
+"""API tokens: minting, hashing, checking and revoking.
+
+A token is ``osm_`` plus 32 random bytes (urlsafe base64). Only its SHA-256 is stored, with
+the platform URL it was issued for: a token presented to a platform at another public URL is
+refused, as are expired and revoked ones, each with its own 401 ``code`` (``TOKEN_EXPIRED``,
+``TOKEN_REVOKED``, ``TOKEN_PLATFORM_MISMATCH``, ``TOKEN_INVALID``, ``TOKEN_MISSING``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequest, NotFound
+from osmosis_ai.platform.store.orm import Token, User
+
+TOKEN_PREFIX = "osm_"
+DEFAULT_TOKEN_DAYS = 90
+MAX_TOKEN_DAYS = 3650
+# Writing last_used_at on every request would make every read a write; once a minute is enough.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as: the user behind a valid token."""
+
+    user_id: str
+    email: str
+    name: str | None
+    token_id: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """A new token: ``raw`` is shown once and never stored."""
+
+    raw: str
+    id: str
+    user_id: str
+    platform_url: str
+    expires_at: datetime
+
+
+def hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+def new_raw_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_lifetime(days: int) -> timedelta:
+    if not 1 <= days <= MAX_TOKEN_DAYS:
+        raise InvalidRequest(
+            f"A token lifetime of {days} days is out of range: pick 1 to {MAX_TOKEN_DAYS}.",
+            field="expires_days",
+        )
+    return timedelta(days=days)
+
+
+def issue_token(
+    session: Session,
+    user: User,
+    *,
+    platform_url: str,
+    name: str,
+    now: datetime,
+    lifetime: timedelta = timedelta(days=DEFAULT_TOKEN_DAYS),
+) -> IssuedToken:
+    raw = new_raw_token()
+    token = Token(
+        user_id=user.id,
+        token_hash=hash_token(raw),
+        platform_url=platform_url,
+        name=name[:200],
+        created_at=now,
+        expires_at=now + lifetime,
+    )
+    session.add(token)
+    session.flush()
+    return IssuedToken(
+        raw=raw,
+        id=token.id,
+        user_id=user.id,
+        platform_url=platform_url,
+        expires_at=token.expires_at,
+    )
+
+
+def authenticate(
+    session: Session, raw: str | None, *, platform_url: str, now: datetime
+) -> Principal:
+    """The principal of bearer token ``raw`` on the platform at ``platform_url``."""
+    if not raw:
+        raise AuthenticationFailed(
+            "Authentication required: send Authorization: Bearer <token> "
+            "(log in with 'osmosis auth login').",
+            code="TOKEN_MISSING",
+        )
+    token = session.scalar(select(Token).where(Token.token_hash == hash_token(raw)))
+    if token is None:
+        raise AuthenticationFailed(
+            "The token is not valid on this platform. Log in again with 'osmosis auth login'.",
+            code="TOKEN_INVALID",
+        )
+    if token.revoked_at is not None:
+        raise AuthenticationFailed(
+            "The token was revoked. Log in again with 'osmosis auth login'.",
+            code="TOKEN_REVOKED",
+        )
+    if token.expires_at <= now:
+        raise AuthenticationFailed(
+            "The token expired. Log in again with 'osmosis auth login'.", code="TOKEN_EXPIRED"
+        )
+    if token.platform_url != platform_url:
+        raise AuthenticationFailed(
+            f"The token was issued for the platform at {token.platform_url}, not this one "
+            f"({platform_url}). Log in to this platform with 'osmosis auth login'.",
+            code="TOKEN_PLATFORM_MISMATCH",
+        )
+    user = session.get(User, token.user_id)
+    if user is None:  # the foreign key cascades, so only a race with a deletion gets here
+        raise AuthenticationFailed("The token's user no longer exists.", code="TOKEN_INVALID")
+    if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+        token.last_used_at = now
+    return Principal(
+        user_id=user.id,
+        email=user.email,
+        name=user.name,
+        token_id=token.id,
+        expires_at=token.expires_at,
+    )
+
+
+def revoke_token(
+    session: Session, token_id: str, *, now: datetime, user_id: str | None = None
+) -> Token:
+    """Revoke a token (idempotent); with ``user_id``, only one of that user's tokens."""
+    token = session.get(Token, token_id)
+    if token is None or (user_id is not None and token.user_id != user_id):
+        raise NotFound(f"No token with id {token_id!r}.", code="TOKEN_NOT_FOUND")
+    if token.revoked_at is None:
+        token.revoked_at = now
+    return token

@@ -1,0 +1,103 @@
+"""The platform's errors: each carries the HTTP status and the envelope fields it answers with.
+
+Service functions raise these; the API turns every one into the error envelope
+``{error, message, code?, field?, details?}`` of reference §6, and the CLI maps the status
+to its error code (§3.3: 400 VALIDATION, 401 AUTH_REQUIRED, 404 NOT_FOUND, 409 CONFLICT,
+426 UPGRADE_REQUIRED). Importing this module costs nothing: no server or database code.
+
+    PlatformError (OsmosisError)
+    ├── InvalidRequest        400  the request is malformed or names a bad value
+    ├── AuthenticationFailed  401  no token, or an unknown, expired, revoked or foreign one
+    ├── PermissionDenied      403  authenticated, but the role does not allow it
+    ├── NotFound              404  no such resource, or not visible to this token
+    ├── Conflict              409  the resource exists already
+    ├── UpgradeRequired       426  the CLI is older than the oldest one supported
+    └── DatabaseError         500  the database cannot be used (e.g. its schema is newer)
+"""
+
+from __future__ import annotations
+
+from osmosis_ai.errors import OsmosisError
+
+
+class PlatformError(OsmosisError):
+    """A failure the platform reports to its caller with an HTTP status and a stable code."""
+
+    status_code = 400
+    default_code = "PLATFORM_ERROR"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        field: str | None = None,
+        details: dict[str, object] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.field = field
+        self.details: dict[str, object] = details if details is not None else {}
+
+    def envelope(self) -> dict[str, object]:
+        """The JSON body of this error; ``error`` repeats the message (old clients read it)."""
+        body: dict[str, object] = {"error": self.message, "message": self.message}
+        body["code"] = self.code
+        if self.field is not None:
+            body["field"] = self.field
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+class InvalidRequest(PlatformError):
+    status_code = 400
+    default_code = "VALIDATION"
+
+
+class AuthenticationFailed(PlatformError):
+    status_code = 401
+    default_code = "TOKEN_INVALID"
+
+
+class PermissionDenied(PlatformError):
+    status_code = 403
+    default_code = "FORBIDDEN"
+
+
+class NotFound(PlatformError):
+    status_code = 404
+    default_code = "NOT_FOUND"
+
+
+class Conflict(PlatformError):
+    status_code = 409
+    default_code = "CONFLICT"
+
+
+class UpgradeRequired(PlatformError):
+    status_code = 426
+    default_code = "UPGRADE_REQUIRED"
+
+
+class DatabaseError(PlatformError):
+    status_code = 500
+    default_code = "DATABASE_ERROR"
+
+
+class SchemaTooNewError(DatabaseError):
+    """The database was migrated by a newer osmosis-ai than this one."""
+
+    default_code = "SCHEMA_TOO_NEW"
+
+    def __init__(self, database_revision: str, code_revision: str | None) -> None:
+        self.database_revision = database_revision
+        self.code_revision = code_revision
+        super().__init__(
+            f"The platform database is at schema revision {database_revision!r}, which this "
+            f"osmosis-ai does not know (its newest is {code_revision!r}): the database was "
+            'migrated by a newer release. Upgrade with pip install -U "osmosis-ai[platform]" '
+            "and start again.",
+            details={"database_revision": database_revision, "code_revision": code_revision},
+        )

@@ -1,0 +1,142 @@
+"""Where a self-hosted platform keeps its state, and the address it is reached at.
+
+One data dir (default ``~/.osmosis/platform``) holds the SQLite database, the object store,
+the Git mirrors, the keys (:mod:`osmosis_ai.platform.crypto`) and ``settings.json`` (the
+public URL the server last ran at, so admin commands scope tokens to it).
+PostgreSQL replaces the SQLite file when a database URL is given. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from osmosis_ai.errors import ConfigError
+
+DEFAULT_DATA_DIR = Path("~/.osmosis/platform")
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8480
+DATA_DIR_ENV = "OSMOSIS_PLATFORM_DATA_DIR"
+DATABASE_URL_ENV = "OSMOSIS_PLATFORM_DATABASE_URL"
+SETTINGS_FILE = "settings.json"
+SQLITE_FILE = "platform.db"
+
+
+@dataclass(frozen=True)
+class PlatformSettings:
+    """How one platform runs. ``public_url`` is what clients use and tokens are scoped to."""
+
+    data_dir: Path
+    database_url: str
+    public_url: str
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def objects_dir(self) -> Path:
+        return self.data_dir / "objects"
+
+    @property
+    def mirrors_dir(self) -> Path:
+        return self.data_dir / "git"
+
+    def with_public_url(self, url: str) -> PlatformSettings:
+        return replace(self, public_url=normalize_url(url))
+
+    def save(self) -> None:
+        """Record the public URL for admin commands run later on the same data dir."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / SETTINGS_FILE
+        temp = path.with_suffix(".tmp")
+        temp.write_text(json.dumps({"public_url": self.public_url}, indent=2) + "\n")
+        temp.replace(path)
+
+
+def load_settings(
+    *,
+    data_dir: str | Path | None = None,
+    database_url: str | None = None,
+    public_url: str | None = None,
+    host: str = DEFAULT_HOST,
+    port: int | None = None,
+    use_saved_public_url: bool = True,
+) -> PlatformSettings:
+    """Settings from arguments, then the environment, then the data dir's ``settings.json``.
+
+    Without a public URL anywhere, it is ``http://HOST:PORT``. The server passes
+    ``use_saved_public_url=False``: it is where it runs now, not where it ran last.
+    """
+    root = Path(data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).expanduser()
+    root = root.resolve()
+    url = database_url or os.environ.get(DATABASE_URL_ENV) or f"sqlite:///{root / SQLITE_FILE}"
+    url = normalize_database_url(url)
+    chosen_port = DEFAULT_PORT if port is None else port
+    if not 0 < chosen_port < 65536:
+        raise ConfigError(f"Port {chosen_port} is out of range: pick one from 1 to 65535.")
+    saved = _saved(root)
+    public = public_url or (saved.get("public_url") if use_saved_public_url else None)
+    if not public:
+        public = f"http://{_url_host(host)}:{chosen_port}"
+    return PlatformSettings(
+        data_dir=root,
+        database_url=url,
+        public_url=normalize_url(public),
+        host=host,
+        port=chosen_port,
+    )
+
+
+def normalize_url(url: str) -> str:
+    """``scheme://host[:port][/path]`` lower-cased where case does not matter, no trailing /."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"Not an http(s) URL: {url!r}. Give the full address, e.g. http://127.0.0.1:8480."
+        )
+    path = parts.path.rstrip("/")
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, "", ""))
+
+
+def normalize_database_url(url: str) -> str:
+    """SQLAlchemy URL with a driver: ``postgresql://`` becomes ``postgresql+psycopg://``."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url.removeprefix(prefix)
+    if url.startswith(("sqlite:", "postgresql+psycopg:")):
+        return url
+    raise ConfigError(
+        f"Unsupported database URL {redact_database_url(url)!r}: use sqlite:///PATH or "
+        "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB."
+    )
+
+
+def redact_database_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _saved(root: Path) -> dict[str, str]:
+    try:
+        data: object = json.loads((root / SETTINGS_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, str)}  # pyright: ignore[reportUnknownVariableType]
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,358 @@
+"""Every table of the platform, as SQLAlchemy 2 typed declarative models (the one ORM module).
+
+The schema changes only through the migrations in ``store/migrations/versions``; a test checks
+that migrating an empty database gives exactly these tables. Ids are random UUID strings;
+times are timezone-aware UTC (stored naive on SQLite). Raw tokens and secret values never
+reach a table: tokens are stored as SHA-256 hashes, secrets encrypted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ROLES = ("owner", "admin", "member")
+DEVICE_STATUSES = ("pending", "approved", "denied", "consumed")
+DATASET_STATUSES = ("uploading", "pending", "processing", "uploaded", "error", "cancelled")
+UPLOAD_METHODS = ("simple", "multipart")
+UPLOAD_STATES = ("pending", "completed", "aborted")
+SECRET_SCOPES = ("workspace", "user")
+MODEL_KINDS = ("base", "lora")
+SYNC_STATUSES = ("pending", "syncing", "success", "failed")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """An aware UTC datetime on every dialect (SQLite keeps no zone, so it is stored naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: store timezone-aware UTC times")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _id() -> Mapped[str]:
+    return mapped_column(String(36), primary_key=True, default=new_id)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(UTCDateTime(), default=utcnow)
+
+
+def _updated() -> Mapped[datetime]:
+    return mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+
+def _user_ref(*, nullable: bool = True, ondelete: str = "SET NULL") -> Mapped[str | None]:
+    return mapped_column(
+        String(36), ForeignKey("users.id", ondelete=ondelete), nullable=nullable, index=True
+    )
+
+
+def _workspace_ref() -> Mapped[str]:
+    return mapped_column(String(36), ForeignKey("workspaces.id", ondelete="CASCADE"), index=True)
+
+
+# --- accounts --------------------------------------------------------------------------------
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[str] = _id()
+    email: Mapped[str] = mapped_column(String(320), unique=True)  # lower-cased
+    name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = _created()
+
+
+class Workspace(Base):
+    """A team space, connected to one Git repository (``owner/repo``, lower-cased)."""
+
+    __tablename__ = "workspaces"
+
+    id: Mapped[str] = _id()
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    repo_full_name: Mapped[str] = mapped_column(String(200), unique=True)
+    clone_url: Mapped[str] = mapped_column(Text)
+    default_branch: Mapped[str | None] = mapped_column(String(255))  # learnt by Git sync
+    created_at: Mapped[datetime] = _created()
+
+
+class Membership(Base):
+    __tablename__ = "memberships"
+    __table_args__ = (CheckConstraint(_one_of("role", ROLES), name="role"),)
+
+    workspace_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )
+    user_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = _created()
+
+
+class Token(Base):
+    """An API token: only the SHA-256 of the random token is kept, with the URL it is for."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("users.id", ondelete="CASCADE"), index=True
+    )
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    platform_url: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class DeviceAuthorization(Base):
+    """One device-code login (RFC 8628): the token is minted on the first poll after approval."""
+
+    __tablename__ = "device_authorizations"
+    __table_args__ = (CheckConstraint(_one_of("status", DEVICE_STATUSES), name="status"),)
+
+    id: Mapped[str] = _id()
+    device_code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_code: Mapped[str] = mapped_column(String(16), index=True)
+    device_name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    interval_s: Mapped[int] = mapped_column(Integer)
+    last_polled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    user_id: Mapped[str | None] = _user_ref(ondelete="CASCADE")  # who approved or denied
+    token_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("tokens.id", ondelete="SET NULL")
+    )
+
+
+# --- datasets --------------------------------------------------------------------------------
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    __table_args__ = (
+        CheckConstraint(_one_of("status", DATASET_STATUSES), name="status"),
+        Index(None, "workspace_id", "file_name"),
+    )
+
+    id: Mapped[str] = _id()
+    workspace_id: Mapped[str] = _workspace_ref()
+    file_name: Mapped[str] = mapped_column(String(255))
+    extension: Mapped[str] = mapped_column(String(16))
+    file_size: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16), default="uploading")
+    row_count: Mapped[int | None] = mapped_column(Integer)
+    data_preview: Mapped[list[dict[str, object]] | None] = mapped_column(JSON)
+    file_format: Mapped[str | None] = mapped_column(String(16))
+    original_file_format: Mapped[str | None] = mapped_column(String(16))
+    original_file_size: Mapped[int | None] = mapped_column(BigInteger)
+    object_key: Mapped[str | None] = mapped_column(Text)
+    creator_id: Mapped[str | None] = _user_ref()
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _updated()
+
+
+class DatasetLog(Base):
+    """A processing log line; the autoincrement id is the pagination cursor (never reused)."""
+
+    __tablename__ = "dataset_logs"
+    __table_args__ = (Index(None, "dataset_id", "id"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("datasets.id", ondelete="CASCADE")
+    )
+    timestamp: Mapped[datetime] = _created()
+    level: Mapped[str] = mapped_column(String(16), default="info")
+    message: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, object] | None] = mapped_column(JSON)
+
+
+class Upload(Base):
+    """A dataset file upload in flight: simple PUT or multipart with its parts' ETags."""
+
+    __tablename__ = "uploads"
+    __table_args__ = (
+        CheckConstraint(_one_of("method", UPLOAD_METHODS), name="method"),
+        CheckConstraint(_one_of("state", UPLOAD_STATES), name="state"),
+    )
+
+    id: Mapped[str] = _id()
+    dataset_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("datasets.id", ondelete="CASCADE"), index=True
+    )
+    method: Mapped[str] = mapped_column(String(16))
+    expected_size: Mapped[int] = mapped_column(BigInteger)
+    part_size: Mapped[int | None] = mapped_column(BigInteger)
+    total_parts: Mapped[int | None] = mapped_column(Integer)
+    parts: Mapped[list[dict[str, object]] | None] = mapped_column(JSON)  # [{part_number, etag}]
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _updated()
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+# --- secrets and models ----------------------------------------------------------------------
+
+
+class Secret(Base):
+    """A write-only secret: workspace-wide, or personal (scope ``user``) to its owner."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (
+        CheckConstraint(_one_of("scope", SECRET_SCOPES), name="scope"),
+        CheckConstraint(
+            "(scope = 'user' AND owner_user_id IS NOT NULL) "
+            "OR (scope = 'workspace' AND owner_user_id IS NULL)",
+            name="owner",
+        ),
+        Index(
+            "uq_secrets_workspace_name",
+            "workspace_id",
+            "name",
+            unique=True,
+            sqlite_where=text("scope = 'workspace'"),
+            postgresql_where=text("scope = 'workspace'"),
+        ),
+        Index(
+            "uq_secrets_user_name",
+            "workspace_id",
+            "owner_user_id",
+            "name",
+            unique=True,
+            sqlite_where=text("scope = 'user'"),
+            postgresql_where=text("scope = 'user'"),
+        ),
+    )
+
+    id: Mapped[str] = _id()
+    workspace_id: Mapped[str] = _workspace_ref()
+    scope: Mapped[str] = mapped_column(String(16))
+    owner_user_id: Mapped[str | None] = _user_ref(ondelete="CASCADE")
+    name: Mapped[str] = mapped_column(String(255))
+    encrypted_value: Mapped[str] = mapped_column(Text)  # crypto.SecretBox form
+    creator_id: Mapped[str | None] = _user_ref()
+    updater_id: Mapped[str | None] = _user_ref()
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _updated()
+
+
+class Model(Base):
+    """A model the platform can serve or train: a base model from a local HF dir, or a LoRA."""
+
+    __tablename__ = "models"
+    __table_args__ = (CheckConstraint(_one_of("kind", MODEL_KINDS), name="kind"),)
+
+    id: Mapped[str] = _id()
+    workspace_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("workspaces.id", ondelete="CASCADE"), index=True
+    )  # None: a base model every workspace sees
+    kind: Mapped[str] = mapped_column(String(8), default="base")
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    base_model: Mapped[str | None] = mapped_column(String(255))
+    creator_id: Mapped[str | None] = _user_ref()
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _updated()
+
+
+# --- Git sync --------------------------------------------------------------------------------
+
+
+class Rollout(Base):
+    """A ``rollouts/<name>/`` folder (with ``main.py``) found on one branch by Git sync."""
+
+    __tablename__ = "rollouts"
+    __table_args__ = (UniqueConstraint("workspace_id", "branch", "name"),)
+
+    id: Mapped[str] = _id()
+    workspace_id: Mapped[str] = _workspace_ref()
+    branch: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(255))
+    description: Mapped[str | None] = mapped_column(Text)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    last_synced_commit_sha: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _updated()
+
+
+class GitSyncEvent(Base):
+    """One sync of a workspace repository (or one of its branches) and how it ended."""
+
+    __tablename__ = "git_sync_events"
+    __table_args__ = (
+        CheckConstraint(_one_of("status", SYNC_STATUSES), name="status"),
+        Index(None, "workspace_id", "created_at"),
+    )
+
+    id: Mapped[str] = _id()
+    workspace_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("workspaces.id", ondelete="CASCADE")
+    )
+    branch: Mapped[str | None] = mapped_column(String(255))
+    commit_sha: Mapped[str | None] = mapped_column(String(64))
+    author: Mapped[str | None] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
