@@ -1,4 +1,5 @@
-"""The raw ASGI plumbing of the proxy: body reading, JSON and OpenAI-style error answers.
+"""The controller's OpenAI-style answers over the shared ASGI plumbing of
+:mod:`osmosis_ai.rollout.asgi`: compact JSON, error bodies, and an upstream's refusal.
 
 Kept framework-free on purpose: the proxy sits on every model call, and a plain ASGI
 callable served by uvicorn costs less per request than a routing framework.
@@ -7,19 +8,13 @@ callable served by uvicorn costs less per request than a routing framework.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 from osmosis_ai.controller.errors import (
     UpstreamConnectionError,
     UpstreamError,
     UpstreamRequestError,
 )
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+from osmosis_ai.rollout.asgi import Send, send_body
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -68,39 +63,6 @@ def upstream_error_reply(exc: UpstreamError) -> tuple[int, bytes]:
     return 502, error_body(str(exc), "upstream_error", code)
 
 
-async def read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or ``None`` when it is over ``limit`` bytes."""
-    message = await receive()
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body"):
-        return body if len(body) <= limit else None
-    chunks = [body]
-    size = len(body)
-    while message.get("more_body"):
-        message = await receive()
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def send_json(send: Send, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 async def send_error(send: Send, status: int, message: str, code: str | None = None) -> None:
-    await send_json(send, status, error_body(message, _ERROR_TYPES[status], code))
-
-
-async def lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+    """An OpenAI-style error answer; ``status`` is one the proxy answers on its own."""
+    await send_body(send, status, error_body(message, _ERROR_TYPES[status], code))

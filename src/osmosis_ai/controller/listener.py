@@ -18,9 +18,10 @@ from urllib.parse import unquote
 
 from pydantic import ValidationError
 
-from osmosis_ai.controller.asgi import Receive, Scope, Send, dumps, lifespan, read_body, send_json
+from osmosis_ai.controller.asgi import dumps
 from osmosis_ai.controller.errors import ControllerError
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.asgi import Receive, Scope, Send, lifespan, read_body, send_body
 from osmosis_ai.rollout.ids import validate_rollout_id
 from osmosis_ai.rollout.protocol import GraderCompleteRequest, RolloutCompleteRequest
 from osmosis_ai.rollout.status import GraderStatus
@@ -140,7 +141,7 @@ class CallbackListener:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             status, body = await self._http(scope, receive)
-            await send_json(send, status, body)
+            await send_body(send, status, body)
         elif scope["type"] == "lifespan":
             await lifespan(receive, send)
 

@@ -15,22 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from osmosis_ai.controller.asgi import (
-    Receive,
-    Scope,
-    Send,
-    dumps,
-    lifespan,
-    read_body,
-    send_error,
-    send_json,
-    upstream_error_reply,
-)
+from osmosis_ai.controller.asgi import dumps, send_error, upstream_error_reply
 from osmosis_ai.controller.calls import CallRecord, CallRecorder, build_report
 from osmosis_ai.controller.errors import UpstreamError
 from osmosis_ai.controller.relay import ask_usage, relay_stream
 from osmosis_ai.controller.upstream import Upstream
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.asgi import Receive, Scope, Send, lifespan, read_body, send_body
 
 if TYPE_CHECKING:
     from osmosis_ai.rollout.trajectory.report import TrajectoryReport
@@ -184,7 +175,7 @@ class PolicyProxy:
             await send_error(send, 405, f"method {method} not allowed here; use {allowed}")
             return
         if allowed == "GET":
-            await send_json(send, 200, self._models)
+            await send_body(send, 200, self._models)
             return
         raw_body = await read_body(receive, self.max_body_bytes)
         if raw_body is None:
@@ -244,9 +235,9 @@ class PolicyProxy:
             error = exc if isinstance(exc, UpstreamError) else _broken(self.upstream, exc)
             status, payload = upstream_error_reply(error)
             recorder.fail(status, str(error))
-            await send_json(send, status, payload)
+            await send_body(send, status, payload)
             return
-        await send_json(send, 200, content)
+        await send_body(send, 200, content)
         recorder.body(content)  # after sending: recording never delays the agent
 
 

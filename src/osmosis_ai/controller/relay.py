@@ -14,19 +14,12 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from osmosis_ai.controller.asgi import Receive, Send, send_json, upstream_error_reply
+from osmosis_ai.controller.asgi import upstream_error_reply
 from osmosis_ai.controller.calls import CallRecorder
 from osmosis_ai.controller.errors import UpstreamError
+from osmosis_ai.rollout.asgi import SSE_HEADERS, Receive, Send, send_body
 
-_SSE_START = {
-    "type": "http.response.start",
-    "status": 200,
-    "headers": [
-        (b"content-type", b"text/event-stream; charset=utf-8"),
-        (b"cache-control", b"no-cache"),
-        (b"x-accel-buffering", b"no"),
-    ],
-}
+_SSE_START = {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
 _KEEPALIVE = b": keep-alive\n\n"
 _DONE = b"data: [DONE]\n\n"
 _WATCH_AFTER_SEC = 0.05  # how late a client that went away may be noticed
@@ -80,7 +73,7 @@ async def relay_stream(
                     status, payload = upstream_error_reply(item)
                     recorder.fail(status, str(item))
                     if not started and not out:
-                        await send_json(send, status, payload)
+                        await send_body(send, status, payload)
                         return
                     out.append(b"event: error\ndata: " + payload + b"\n\n" + _DONE)
                     finished = True

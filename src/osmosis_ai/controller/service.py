@@ -17,11 +17,11 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
-from osmosis_ai.controller.asgi import Receive, Scope, Send, lifespan
 from osmosis_ai.controller.errors import ControllerError
 from osmosis_ai.controller.listener import ROUTE_PREFIX, CallbackListener
 from osmosis_ai.controller.proxy import PolicyProxy
 from osmosis_ai.errors import MissingExtraError, UsageError
+from osmosis_ai.rollout.asgi import Receive, Scope, Send, lifespan
 
 __all__ = ["LOOPBACK", "ControllerService", "ControllerServiceError"]
 

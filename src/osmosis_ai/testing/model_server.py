@@ -14,19 +14,23 @@ import inspect
 import json
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, Literal
 
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.asgi import (
+    SSE_HEADERS,
+    Receive,
+    Scope,
+    Send,
+    lifespan,
+    read_body,
+    send_body,
+)
 from osmosis_ai.testing.scripted_reply import ScriptedReply, content_text, dump_json
 from osmosis_ai.testing.serving import ServerThread, serve_in_task
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 OnExhausted = Literal["repeat_last", "error"]
 
@@ -39,12 +43,6 @@ _ERROR_TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",
 }
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +245,7 @@ class ScriptedModelServer:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -255,20 +253,23 @@ class ScriptedModelServer:
         method: str = scope["method"]
         try:
             if path == "/health":
-                await _send_json(send, 200, b'{"status":"ok"}')
+                await send_body(send, 200, b'{"status":"ok"}')
             elif path.endswith(_CHAT_SUFFIX):
                 self.request_count += 1
                 _allow(method, "POST")
                 self._check_auth(scope)
-                await self._chat(scope, path, await _read_body(receive), send)
+                raw = await read_body(receive)
+                if raw is None:
+                    return  # the client hung up: nobody to answer
+                await self._chat(scope, path, raw, send)
             elif path.endswith(_MODELS_SUFFIX):
                 _allow(method, "GET")
                 self._check_auth(scope)
-                await _send_json(send, 200, self._models)
+                await send_body(send, 200, self._models)
             else:
                 raise _HTTPError(404, f"no route for {method} {path}", "not_found")
         except _HTTPError as err:
-            await _send_json(send, err.status, _error_body(err.status, err.message, err.code))
+            await send_body(send, err.status, _error_body(err.status, err.message, err.code))
 
     def _check_auth(self, scope: Scope) -> None:
         if self._auth is None:
@@ -294,14 +295,14 @@ class ScriptedModelServer:
             await asyncio.sleep(latency)
         if reply.status_code >= 400:
             message = reply.error or f"scripted error (HTTP {reply.status_code})"
-            await _send_json(send, reply.status_code, _error_body(reply.status_code, message))
+            await send_body(send, reply.status_code, _error_body(reply.status_code, message))
             return
         completion = ScriptedReply(body, messages, reply, _choice_count(body))
         if body.get("stream"):
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             await send({"type": "http.response.body", "body": completion.sse()})
         else:
-            await _send_json(send, reply.status_code, dump_json(completion.full()))
+            await send_body(send, reply.status_code, dump_json(completion.full()))
 
     async def _reply(self, request: ChatRequest) -> ScriptedTurn:
         if self._responder is not None:
@@ -400,30 +401,6 @@ def _allow(method: str, allowed: str) -> None:
 def _error_body(status: int, message: str, code: str | None = None) -> bytes:
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return dump_json({"error": {"message": message, "type": kind, "code": code}})
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _send_json(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 # -- CLI ---------------------------------------------------------------------------------------

@@ -12,17 +12,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs
 
-from osmosis_ai.controller.asgi import (
+from osmosis_ai.controller.asgi import dumps, error_body
+from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.asgi import (
+    SSE_HEADERS,
     Receive,
     Scope,
     Send,
-    dumps,
-    error_body,
     lifespan,
     read_body,
-    send_json,
+    send_body,
 )
-from osmosis_ai.errors import UsageError
 
 if TYPE_CHECKING:
     from osmosis_ai.controller.policy.engine import LocalPolicy
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_WEIGHTS_BYTES = 16 * 1024**3
 _T = TypeVar("_T")
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-]
 _ROUTES = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
@@ -80,15 +76,15 @@ class PolicyApp:
             if method != allowed:
                 raise _HTTPError(405, f"method {method} not allowed on {path}; use {allowed}")
             if path == "/v1/models":
-                await send_json(send, 200, dumps(self._models()))
+                await send_body(send, 200, dumps(self._models()))
             elif path == "/health":
-                await send_json(send, 200, dumps(self.policy.health()))
+                await send_body(send, 200, dumps(self.policy.health()))
             elif path == "/weights":
                 await self._weights(scope, receive, send)
             else:
                 await self._generate(path, receive, send)
         except _HTTPError as exc:
-            await send_json(send, exc.status, error_body(str(exc), exc.kind, None))
+            await send_body(send, exc.status, error_body(str(exc), exc.kind, None))
 
     def _models(self) -> dict[str, Any]:
         card = {"id": self.policy.name, "object": "model", "created": 0, "owned_by": "osmosis"}
@@ -114,10 +110,10 @@ class PolicyApp:
         else:
             answer, chunks = await _run(self.policy.chat, request), None
         if chunks is None:
-            await send_json(send, 200, _encode(answer))
+            await send_body(send, 200, _encode(answer))
             return
         payload = b"".join(b"data: " + _encode(c) + b"\n\n" for c in chunks)
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         await send({"type": "http.response.body", "body": payload + b"data: [DONE]\n\n"})
 
     async def _weights(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -128,7 +124,7 @@ class PolicyApp:
         if not data:
             raise _HTTPError(400, "POST /weights needs a safetensors file as the body")
         loaded = await _run(self.policy.load_safetensors, data, version)
-        await send_json(send, 200, dumps({"policy_version": loaded}))
+        await send_body(send, 200, dumps({"policy_version": loaded}))
 
 
 def create_policy_app(policy: LocalPolicy, **options: Any) -> PolicyApp:

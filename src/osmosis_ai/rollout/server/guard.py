@@ -9,45 +9,15 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from osmosis_ai.rollout.asgi import ASGIApp, Message, Receive, Scope, Send, send_body
 
 
-async def send_body(
-    send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
-) -> None:
-    """Answer with a whole JSON ``body`` (plus ``headers``)."""
-    head = [
-        (b"content-type", b"application/json"),
-        (b"content-length", b"%d" % len(body)),
-        *headers,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_json(
+async def _send_detail(
     send: Send, status: int, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
     await send_body(send, status, json.dumps({"detail": detail}).encode(), headers)
-
-
-async def read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or ``None`` when the client hung up first."""
-    parts: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        parts.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _TooLarge(Exception):
@@ -80,10 +50,10 @@ class GuardMiddleware:
             elif name == b"transfer-encoding":
                 chunked = True
         if self.expected is not None and not hmac.compare_digest(authorization, self.expected):
-            await send_json(send, 401, "unauthorized", [(b"www-authenticate", b"Bearer")])
+            await _send_detail(send, 401, "unauthorized", [(b"www-authenticate", b"Bearer")])
             return
         if length is not None and length > self.max_body_bytes:
-            await send_json(send, 413, self._too_large_message(length))
+            await _send_detail(send, 413, self._too_large_message(length))
             return
         if length is not None or not chunked:  # a known length, or no body at all
             await self.app(scope, receive, send)
@@ -113,7 +83,7 @@ class GuardMiddleware:
             await self.app(scope, counting_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await send_json(send, 413, self._too_large_message(received))
+                await _send_detail(send, 413, self._too_large_message(received))
 
     def _too_large_message(self, size: int) -> str:
         return (

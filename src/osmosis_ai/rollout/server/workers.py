@@ -42,16 +42,8 @@ from typing import Any, cast
 import httpx
 
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.asgi import ASGIApp, Message, Receive, Scope, Send, read_body, send_body
 from osmosis_ai.rollout.http1 import LeanTransport, QuickAnswer
-from osmosis_ai.rollout.server.guard import (
-    ASGIApp,
-    Message,
-    Receive,
-    Scope,
-    Send,
-    read_body,
-    send_body,
-)
 
 __all__ = ["WORKERS_ENV", "WorkerRouter", "WorkerSet", "resolve_workers", "serve_workers"]
 
