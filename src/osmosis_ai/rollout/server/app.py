@@ -28,6 +28,7 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
 from pydantic import ValidationError
 
 from osmosis_ai.consts import PACKAGE_VERSION
+from osmosis_ai.rollout.asgi import ASGIApp, Receive, Scope, Send, read_body, send_body
 from osmosis_ai.rollout.backend.base import ExecutionBackend
 from osmosis_ai.rollout.http import aclose_shared_transport
 from osmosis_ai.rollout.protocol import (
@@ -36,15 +37,7 @@ from osmosis_ai.rollout.protocol import (
     RolloutInitRequest,
 )
 from osmosis_ai.rollout.server.execution import RolloutRunner
-from osmosis_ai.rollout.server.guard import (
-    ASGIApp,
-    GuardMiddleware,
-    Receive,
-    Scope,
-    Send,
-    read_body,
-    send_body,
-)
+from osmosis_ai.rollout.server.guard import GuardMiddleware
 from osmosis_ai.rollout.server.registry import DuplicateRolloutError, Entry, Registry
 from osmosis_ai.rollout.server.workers import WorkerRouter
 from osmosis_ai.rollout.status import RolloutStatus
