@@ -17,7 +17,7 @@ import pytest_asyncio
 from osmosis_ai.controller.dispatch import Dispatcher, DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.proxy import PolicyProxy
 from osmosis_ai.controller.service import ControllerService
-from osmosis_ai.controller.upstream import OpenAICompatibleUpstream
+from osmosis_ai.controller.upstreams import OpenAICompatibleUpstream
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout import LocalBackend
 from osmosis_ai.rollout.server import create_rollout_server

@@ -16,7 +16,7 @@ from osmosis_ai.controller.errors import ControllerError
 from osmosis_ai.controller.listener import CallbackListener, CallbackResult
 from osmosis_ai.controller.proxy import PolicyProxy
 from osmosis_ai.controller.service import ControllerService, ControllerServiceError
-from osmosis_ai.controller.upstream import OpenAICompatibleUpstream
+from osmosis_ai.controller.upstreams import OpenAICompatibleUpstream
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.status import GraderStatus, RolloutStatus
 

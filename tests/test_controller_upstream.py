@@ -22,7 +22,7 @@ from osmosis_ai.controller import (
     UpstreamRequestError,
     upstream_from_model_path,
 )
-from osmosis_ai.controller.upstream import OPENAI_DEFAULT_BASE_URL, sse_payloads
+from osmosis_ai.controller.upstreams import OPENAI_DEFAULT_BASE_URL, sse_payloads
 from osmosis_ai.errors import ConfigError, MissingExtraError, OsmosisError
 from osmosis_ai.testing.model_server import ChatRequest, ScriptedModelServer, ScriptedTurn
 from osmosis_ai.testing.serving import free_port, serve_in_task

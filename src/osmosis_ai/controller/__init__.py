@@ -27,8 +27,8 @@ _EXPORTS: dict[str, str] = {
     "DispatchOutcome": "osmosis_ai.controller.dispatch",
     "DispatchRequest": "osmosis_ai.controller.dispatch",
     "Dispatcher": "osmosis_ai.controller.dispatch",
-    "LiteLLMUpstream": "osmosis_ai.controller.litellm_upstream",
-    "OpenAICompatibleUpstream": "osmosis_ai.controller.upstream",
+    "LiteLLMUpstream": "osmosis_ai.controller.upstreams",
+    "OpenAICompatibleUpstream": "osmosis_ai.controller.upstreams",
     "OutcomeKind": "osmosis_ai.controller.dispatch",
     "PolicyProxy": "osmosis_ai.controller.proxy",
     "Preflight": "osmosis_ai.controller.upstream",
@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "UpstreamNotFoundError": "osmosis_ai.controller.errors",
     "UpstreamRequestError": "osmosis_ai.controller.errors",
     "Usage": "osmosis_ai.controller.calls",
-    "upstream_from_model_path": "osmosis_ai.controller.upstream",
+    "upstream_from_model_path": "osmosis_ai.controller.upstreams",
 }
 
 if typing.TYPE_CHECKING:
@@ -61,14 +61,14 @@ if typing.TYPE_CHECKING:
     from osmosis_ai.controller.listener import CallbackResult as CallbackResult
     from osmosis_ai.controller.listener import CompletionHook as CompletionHook
     from osmosis_ai.controller.listener import TerminalHook as TerminalHook
-    from osmosis_ai.controller.litellm_upstream import LiteLLMUpstream as LiteLLMUpstream
     from osmosis_ai.controller.proxy import PolicyProxy as PolicyProxy
     from osmosis_ai.controller.service import ControllerService as ControllerService
     from osmosis_ai.controller.service import ControllerServiceError as ControllerServiceError
-    from osmosis_ai.controller.upstream import OpenAICompatibleUpstream as OpenAICompatibleUpstream
     from osmosis_ai.controller.upstream import Preflight as Preflight
     from osmosis_ai.controller.upstream import Upstream as Upstream
-    from osmosis_ai.controller.upstream import upstream_from_model_path as upstream_from_model_path
+    from osmosis_ai.controller.upstreams import LiteLLMUpstream as LiteLLMUpstream
+    from osmosis_ai.controller.upstreams import OpenAICompatibleUpstream as OpenAICompatibleUpstream
+    from osmosis_ai.controller.upstreams import upstream_from_model_path as upstream_from_model_path
 
 __all__ = [  # = sorted(_EXPORTS)
     "CallRecord",

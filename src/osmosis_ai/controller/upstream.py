@@ -1,36 +1,28 @@
-"""The model behind the policy proxy: an OpenAI-compatible URL, or a provider via LiteLLM.
+"""What the policy proxy needs of a model: the :class:`Upstream` protocol and its preflight.
 
 An :class:`Upstream` takes an OpenAI chat-completions body and answers raw bytes (one JSON
 body, or the ``data:`` payloads of an SSE stream) so the proxy can pass them through as is.
-:func:`upstream_from_model_path` maps a config ``model_path`` to one.
+:func:`run_preflight` is the one tiny call every upstream makes before a run. The
+implementations and :func:`~osmosis_ai.controller.upstreams.upstream_from_model_path`, which
+maps a config ``model_path`` to one, live in :mod:`osmosis_ai.controller.upstreams` (remote
+models) and :mod:`osmosis_ai.controller.policy.upstream` (a checkpoint served in-process).
 """
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from osmosis_ai.controller.errors import (
-    UpstreamError,
-    UpstreamRequestError,
-    error_for_status,
-    provider_message,
-)
-from osmosis_ai.controller.transport import open_transport
-from osmosis_ai.errors import ConfigError, MissingExtraError
-from osmosis_ai.rollout.sse import SSEDecoder
+from osmosis_ai.controller.errors import UpstreamError, UpstreamRequestError
 
-OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+__all__ = ["DEFAULT_TIMEOUT_SEC", "Preflight", "Upstream", "run_preflight"]
+
 DEFAULT_TIMEOUT_SEC = 600.0
-_DRAIN_TIMEOUT_SEC = 0.25
 _PREFLIGHT_MAX_TOKENS = 16
 _PREFLIGHT_MESSAGES = [{"role": "user", "content": "hi"}]
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,133 +71,6 @@ class Upstream(Protocol):
         ...
 
 
-class OpenAICompatibleUpstream:
-    """Any OpenAI-compatible server (OpenAI, vLLM, SGLang, Ollama, llama.cpp, …) over one
-    keep-alive connection pool, created on first use on the calling event loop: a lean
-    HTTP/1.1 client for ``http://`` URLs, httpx for ``https://`` (see
-    :mod:`~osmosis_ai.controller.transport`).
-
-    ``extra_body`` keys are merged into every request and win over the caller's.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None,
-        model: str,
-        *,
-        extra_body: Mapping[str, Any] | None = None,
-        timeout: float = DEFAULT_TIMEOUT_SEC,
-        connect_timeout: float = 10.0,
-        max_connections: int = 1024,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._model = model
-        self._target = f"{self.base_url}/chat/completions"
-        self._extra = dict(extra_body or {})
-        headers = {"content-type": "application/json", "accept": "*/*"}
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        self._transport = open_transport(
-            self._target,
-            headers,
-            timeout=timeout,
-            connect_timeout=min(connect_timeout, timeout),
-            max_connections=max_connections,
-        )
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def target(self) -> str:
-        return self._target
-
-    def _encode(self, body: dict[str, Any]) -> bytes:
-        if self._extra:
-            body.update(self._extra)
-        body["model"] = self._model
-        return _ENCODER.encode(body).encode()
-
-    async def complete(self, body: dict[str, Any]) -> bytes:
-        answer = await self._transport.post(self._encode(body))
-        raw = await answer.read()
-        if answer.status >= 400:
-            raise error_for_status(answer.status, raw, url=self._target, model=self._model)
-        return raw
-
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        answer = await self._transport.post(self._encode(body))
-        try:
-            if answer.status >= 400:
-                raw = await answer.read()
-                raise error_for_status(answer.status, raw, url=self._target, model=self._model)
-            if "json" in answer.content_type:
-                raw = await answer.read()
-                raise UpstreamRequestError(
-                    f"model upstream {self._target} answered a stream request with JSON, not "
-                    f"server-sent events: {provider_message(raw)}",
-                    url=self._target,
-                    status_code=502,
-                    body=raw,
-                )
-            yield b""  # accepted: the proxy can answer its headers before the first tokens
-            chunks = answer.chunks()
-            async for payload in sse_payloads(chunks, self._target):
-                yield payload
-            await _drain(chunks)
-        finally:
-            await answer.aclose()
-
-    async def preflight(self) -> Preflight:
-        return await run_preflight(self)
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()
-
-
-async def _drain(chunks: AsyncIterator[bytes]) -> None:
-    # The connection goes back to the pool only once the body is read to its end; what
-    # follows [DONE] is normally just the chunked terminator. A server that holds the stream
-    # open past [DONE] costs its connection, not the agent's time.
-    try:
-        async with asyncio.timeout(_DRAIN_TIMEOUT_SEC):
-            async for _ in chunks:
-                pass
-    except TimeoutError:
-        pass
-
-
-async def sse_payloads(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of a server-sent event stream, up to and including ``[DONE]``.
-
-    An ``event: error`` raises :class:`UpstreamRequestError` with its payload.
-    """
-    decoder = SSEDecoder()
-    async for chunk in chunks:
-        for event, payload in decoder.feed(chunk):
-            if event == b"error":
-                raise _error_event(payload, url)
-            yield payload
-            if payload == b"[DONE]":
-                return
-    for event, payload in decoder.flush():
-        if event == b"error":
-            raise _error_event(payload, url)
-        yield payload
-
-
-def _error_event(payload: bytes, url: str) -> UpstreamRequestError:
-    said = provider_message(payload)
-    return UpstreamRequestError(
-        f"model upstream {url} sent an error event mid-stream: {said}",
-        url=url,
-        body=payload,
-        provider_message=said,
-    )
-
-
 async def run_preflight(upstream: Upstream) -> Preflight:
     """Send ``hi`` with a small ``max_tokens``; raise on auth, not-found, request or
     connection errors; pass on 429 with a warning. Retries once with
@@ -243,67 +108,3 @@ async def run_preflight(upstream: Upstream) -> Preflight:
             body=raw,
         )
     return Preflight(upstream.model, upstream.target, (time.perf_counter() - started) * 1000.0)
-
-
-def upstream_from_model_path(
-    model_path: str,
-    env: Mapping[str, str],
-    *,
-    extra_body: Mapping[str, Any] | None = None,
-    timeout: float = DEFAULT_TIMEOUT_SEC,
-) -> Upstream:
-    """The upstream for a config ``model_path``.
-
-    * ``openai/<model>``: :class:`OpenAICompatibleUpstream` at ``OPENAI_BASE_URL`` (or
-      ``OPENAI_API_BASE``, else the OpenAI API) with ``OPENAI_API_KEY``; this reaches any
-      OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp) without extras.
-    * ``local:<dir>``: a Hugging Face checkpoint served in-process (``LocalPolicyUpstream``,
-      the ``train`` extra; ``OSMOSIS_POLICY_DEVICE`` picks the device, default cpu).
-    * any other ``provider/model``: LiteLLM, when installed (the ``litellm`` extra).
-    """
-    if model_path.startswith("local:"):
-        return _local_policy(model_path.removeprefix("local:"), env)
-    provider, _, model = model_path.partition("/")
-    if not provider or not model:
-        raise ConfigError(
-            f"model_path {model_path!r} is not 'provider/model': use e.g. 'openai/gpt-4o-mini', "
-            "or 'openai/<served name>' with OPENAI_BASE_URL for an OpenAI-compatible server"
-        )
-    if provider == "openai":
-        base_url = env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_BASE")
-        api_key = env.get("OPENAI_API_KEY") or None
-        if not base_url and not api_key:
-            raise ConfigError(
-                f"model_path {model_path!r} targets the OpenAI API but OPENAI_API_KEY is not "
-                "set: set it, or set OPENAI_BASE_URL to an OpenAI-compatible server"
-            )
-        return OpenAICompatibleUpstream(
-            base_url or OPENAI_DEFAULT_BASE_URL,
-            api_key,
-            model,
-            extra_body=extra_body,
-            timeout=timeout,
-        )
-    from osmosis_ai.controller.litellm_upstream import LiteLLMUpstream
-
-    return LiteLLMUpstream(model_path, extra_body=extra_body, timeout=timeout)
-
-
-def _local_policy(directory: str, env: Mapping[str, str]) -> Upstream:
-    # A Hugging Face checkpoint served in-process; torch loads only here (the train extra).
-    from osmosis_ai.controller.policy.upstream import open_local_upstream
-
-    return open_local_upstream(directory, device=env.get("OSMOSIS_POLICY_DEVICE", "cpu"))
-
-
-def import_litellm(model_path: str) -> Any:
-    """The ``litellm`` module, or a :class:`MissingExtraError` that names the extra and the
-    way to reach an OpenAI-compatible server without it."""
-    try:
-        return importlib.import_module("litellm")
-    except ModuleNotFoundError as exc:
-        feature = (
-            f"model_path {model_path!r} (OpenAI-compatible servers such as vLLM, SGLang or "
-            "Ollama need no extra: use 'openai/<model>' with OPENAI_BASE_URL)"
-        )
-        raise MissingExtraError("litellm", feature, exc.name) from exc

@@ -249,7 +249,7 @@ class _Invocation:
 
         from osmosis_ai.controller.proxy import PolicyProxy
         from osmosis_ai.controller.service import ControllerService
-        from osmosis_ai.controller.upstream import upstream_from_model_path
+        from osmosis_ai.controller.upstreams import upstream_from_model_path
         from osmosis_ai.eval import scheduler
 
         del scheduler  # imported now for its slow imports (the dispatcher), used later

@@ -33,11 +33,8 @@ from osmosis_ai.controller.policy.upstream import AnsweringUpstream
 from osmosis_ai.controller.proxy import PolicyProxy
 from osmosis_ai.controller.rollout_process import RolloutServerProcess
 from osmosis_ai.controller.service import ControllerService
-from osmosis_ai.controller.upstream import (
-    OpenAICompatibleUpstream,
-    Preflight,
-    Upstream,
-)
+from osmosis_ai.controller.upstream import Preflight, Upstream
+from osmosis_ai.controller.upstreams import OpenAICompatibleUpstream
 from osmosis_ai.errors import OsmosisError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 
