@@ -17,7 +17,7 @@ from typing import Any
 
 from osmosis_ai.errors import UsageError
 from osmosis_ai.eval.judge import DEFAULT_CONCURRENCY, Judge, ProviderRequestError
-from osmosis_ai.eval.rubric import ask_judge, check_score_range, check_text, judge_messages
+from osmosis_ai.eval.verdict import ask_judge, check_score_range, check_text, judge_messages
 
 __all__ = [
     "RubricDatasetError",
