@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import importlib.util
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -110,16 +109,26 @@ def content_of(chunks: list[dict[str, Any]]) -> str:
 
 class DripUpstream:
     """A raw ASGI upstream that streams the given SSE events with pauses between them, and
-    can crash after a number of them; records when each event left."""
+    can crash after a number of them. ``gates[n]``, when given, must be set before event
+    ``n`` goes out: a test opens it once it has seen what should have arrived by then."""
 
-    def __init__(self, events: list[bytes], *, pause: float, crash_after: int | None = None):
+    def __init__(
+        self,
+        events: list[bytes],
+        *,
+        pause: float = 0.0,
+        crash_after: int | None = None,
+        gates: dict[int, asyncio.Event] | None = None,
+    ):
         self.events = events
         self.pause = pause
         self.crash_after = crash_after
-        self.sent_at: list[float] = []
+        self.gates = gates or {}
+        self.sent: list[int] = []
         self.bodies: list[dict[str, Any]] = []
         self.finished = asyncio.Event()
         self.disconnected = False
+        self.hung_up = asyncio.Event()  # set with ``disconnected``, to gate an event on it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -136,20 +145,24 @@ class DripUpstream:
             while (await receive())["type"] != "http.disconnect":
                 pass
             self.disconnected = True
+            self.hung_up.set()
 
         watcher = asyncio.create_task(watch())
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         try:
             for number, event in enumerate(self.events):
-                if number:
+                if number and self.pause:
                     await asyncio.sleep(self.pause)
+                gate = self.gates.get(number)
+                if gate is not None:
+                    await gate.wait()
                 if self.disconnected:
                     return
                 if self.crash_after is not None and number == self.crash_after:
                     raise RuntimeError("upstream crashed mid-stream")
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-                self.sent_at.append(time.monotonic())
+                self.sent.append(number)
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         finally:
             watcher.cancel()
@@ -327,59 +340,98 @@ async def test_models_route_lists_the_policy():
 # -- streaming behaviour ---------------------------------------------------------------------
 
 
+STALL_GUARD_SEC = 10.0
+"""How long a gated exchange may stand still before a test calls it stalled (it takes ms)."""
+
+
+@contextlib.asynccontextmanager
+async def no_stall(gates: list[asyncio.Event], what: str) -> AsyncIterator[None]:
+    """Fail with ``what`` if the body stalls; open every gate on the way out, so a stalled
+    upstream can finish and the rig can close."""
+    try:
+        async with asyncio.timeout(STALL_GUARD_SEC):
+            yield
+    except TimeoutError:
+        pytest.fail(f"stalled: {what}")
+    finally:
+        for gate in gates:
+            gate.set()
+
+
 async def test_stream_chunks_arrive_as_the_upstream_sends_them():
+    # Each chunk leaves the upstream only once the agent holds the one before: a proxy that
+    # held chunks back would stall the exchange instead.
+    seen = [asyncio.Event(), asyncio.Event()]
     drip = DripUpstream(
-        [chunk_event("one "), chunk_event("two "), chunk_event("three", "stop")], pause=0.4
+        [chunk_event("one "), chunk_event("two "), chunk_event("three", "stop")],
+        gates={1: seen[0], 2: seen[1]},
     )
     async with rig(drip) as r:
-        arrivals: list[tuple[float, str]] = []
+        lines: list[str] = []
+        sent_by_then: list[int] = []  # how many chunks the upstream had sent at each arrival
         body = {"messages": user("count"), "stream": True}
-        async with r.client.stream("POST", r.url(), json=body) as response:
+        stalled = "a chunk was held back until the upstream sent the next"
+        async with (
+            no_stall(seen, stalled),
+            r.client.stream("POST", r.url(), json=body) as response,
+        ):
             assert response.status_code == 200
             async for line in response.aiter_lines():
                 if line.startswith("data: "):
-                    arrivals.append((time.monotonic(), line))
+                    sent_by_then.append(len(drip.sent))
+                    if len(lines) < len(seen):
+                        seen[len(lines)].set()
+                    lines.append(line)
         await asyncio.wait_for(drip.finished.wait(), 5)
-    assert [line for _, line in arrivals][-1] == "data: [DONE]"
-    assert len(arrivals) == 4
-    first_arrival = arrivals[0][0]
-    # the first chunk reached the agent before the upstream had even sent the last one
-    assert first_arrival < drip.sent_at[-1]
-    assert arrivals[1][0] - first_arrival > 0.2
+    assert lines[-1] == "data: [DONE]"
+    assert len(lines) == 4
+    assert sent_by_then == [1, 2, 3, 3]  # chunk k reached the agent before chunk k+1 left
 
 
 async def test_stream_headers_go_out_once_the_upstream_accepts_before_its_first_token():
-    # The upstream answers 200 at once, then thinks: a comment, a pause, the first token.
-    drip = DripUpstream([b": thinking\n\n", chunk_event("late", "stop")], pause=0.5)
+    # The upstream answers 200 at once, then a comment, then waits for the agent to have the
+    # headers before it sends its first token.
+    headers_seen = asyncio.Event()
+    drip = DripUpstream([b": thinking\n\n", chunk_event("late", "stop")], gates={1: headers_seen})
     async with rig(drip) as r:
         body = {"messages": user("x"), "stream": True}
-        async with r.client.stream("POST", r.url(), json=body) as response:
-            headers_at = time.monotonic()
+        async with (
+            no_stall([headers_seen], "the headers waited for the first token"),
+            r.client.stream("POST", r.url(), json=body) as response,
+        ):
+            sent_by_then = list(drip.sent)
+            headers_seen.set()
             assert response.headers["content-type"].startswith("text/event-stream")
             text = (await response.aread()).decode()
-    assert headers_at < drip.sent_at[1]  # before the upstream sent any data
+    assert 1 not in sent_by_then  # the headers came before the upstream sent any data
     assert [kind for kind, _ in sse_events(text)] == ["data", "data"]  # the comment is not data
     assert content_of(data_chunks(text)) == "late"
 
 
 async def test_keepalive_comments_while_the_upstream_is_slow():
-    async with rig(ScriptedModelServer(["finally"], latency_ms=700), keepalive_interval=0.05) as r:
-        started = time.monotonic()
-        first_comment: float | None = None
+    # The upstream answers only once the agent has had three keep-alive comments.
+    kept_alive = asyncio.Event()
+
+    async def slow(request: Any) -> str:
+        await kept_alive.wait()
+        return "finally"
+
+    async with rig(ScriptedModelServer(responder=slow), keepalive_interval=0.05) as r:
         text = ""
         body = {"messages": user("x"), "stream": True}
-        async with r.client.stream("POST", r.url(), json=body) as response:
+        async with (
+            no_stall([kept_alive], "no keep-alive comments while the upstream thought"),
+            r.client.stream("POST", r.url(), json=body) as response,
+        ):
             assert response.status_code == 200
             async for piece in response.aiter_text():
-                if first_comment is None and ": keep-alive" in piece:
-                    first_comment = time.monotonic() - started
                 text += piece
+                if text.count(": keep-alive") >= 3:
+                    kept_alive.set()
     events = sse_events(text)
     comments = [e for e in events if e[0] == "comment"]
     assert len(comments) >= 3
     assert all(value == "keep-alive" for _, value in comments)
-    assert first_comment is not None
-    assert first_comment < 0.5  # long before the reply (700 ms)
     assert events.index(comments[0]) < events.index(next(e for e in events if e[0] == "data"))
     assert content_of(data_chunks(text)) == "finally"
 
@@ -405,8 +457,10 @@ async def test_upstream_crash_mid_stream_ends_with_an_error_event_then_done():
 
 
 async def test_client_disconnect_cancels_the_upstream_call():
-    events = [chunk_event(f"w{i} ") for i in range(40)]
-    drip = DripUpstream(events, pause=0.05)
+    # After its first chunk the upstream waits until the proxy hangs up on it.
+    events = [chunk_event(f"w{i} ") for i in range(3)]
+    drip = DripUpstream(events)
+    drip.gates[1] = drip.hung_up
     async with rig(drip) as r:
         body = {"messages": user("x"), "stream": True}
         async with r.client.stream("POST", r.url(), json=body) as response:
@@ -420,7 +474,7 @@ async def test_client_disconnect_cancels_the_upstream_call():
             await asyncio.sleep(0.02)
         record = r.proxy.calls(ROLLOUT)[0]
     assert drip.disconnected  # the proxy hung up on the upstream
-    assert len(drip.sent_at) < len(events)
+    assert drip.sent == [0]  # nothing went out after the hang-up
     assert record.status_code == 499
     assert record.error is not None
     assert "disconnected" in record.error
