@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shutil
 import subprocess
@@ -175,12 +176,22 @@ def test_expected_callers_wait_for_each_other_and_never_hang(fresh: LocalPolicy)
         thread.join()
     assert fresh.batches - before == 1
     assert answers == [alone] * 3
-    # A caller that never asks costs the linger, not a hang.
+    # A caller that never asks costs the linger, not a hang: the lone request still runs,
+    # in a batch of its own, though three callers are still expected.
     fresh.batch_linger_s = 0.05
+    before = fresh.batches
+    lone = concurrent.futures.ThreadPoolExecutor(1)
     started = time.monotonic()
-    assert tokens(fresh.chat(dict(body))) == alone
-    assert time.monotonic() - started < 1.5
-    fresh.expect_callers(0)
+    answer = lone.submit(lambda: tokens(fresh.chat(dict(body))))
+    try:
+        concurrent.futures.wait([answer], timeout=60)  # a guard against a hang, not a bound
+        assert answer.done(), "a lone caller hung waiting for callers that never came"
+        assert answer.result() == alone
+    finally:
+        fresh.expect_callers(0)  # frees a hung caller, so a failure ends cleanly
+        lone.shutdown()
+    assert time.monotonic() - started >= fresh.batch_linger_s  # it did wait for the others
+    assert fresh.batches - before == 1
 
 
 def test_a_held_policy_queues_requests_and_serves_them_with_the_weights_of_release(
