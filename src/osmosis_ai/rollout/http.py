@@ -7,24 +7,35 @@ lean keep-alive connections of :mod:`osmosis_ai.rollout.http1`, and everything e
 (``https``) over aiohttp's pool when ``httpx-aiohttp`` is installed (extra ``server``), else
 httpx's own.
 
-``async_client()`` makes a new client; ``shared_transport()`` is one pooled transport per
-event loop for code that would otherwise build a client (a TLS context, a pool, fresh
-connections) for every rollout, as agent frameworks do. ``post_json()`` is one JSON call on
-that transport without httpx's client layer: the cheapest way for a workflow to call the
-rollout's model endpoint.
+``async_client()`` makes a new client (its ``verify`` reaches the ``https`` pool);
+``shared_transport()`` is one pooled transport per event loop for code that would otherwise
+build a client (a TLS context, a pool, fresh connections) for every rollout, as agent
+frameworks do. ``post_json()`` is one JSON call on that transport without httpx's client
+layer: the cheapest way for a workflow to call the rollout's model endpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
+from osmosis_ai.errors import UsageError
+
 DEFAULT_MAX_CONNECTIONS = 512
+# httpx.AsyncClient options that configure its own transport, which these clients replace.
+_TRANSPORT_OPTIONS = {
+    "transport": "async_client chooses the transport: build httpx.AsyncClient(transport=...) "
+    "yourself to use another",
+    "limits": "pass max_connections= instead",
+    "http2": "the fast transport speaks HTTP/1.1 only: leave http2 unset",
+    "cert": "pass verify=ssl.create_default_context() with load_cert_chain(...) instead",
+}
 
 _shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncBaseTransport] = (
     weakref.WeakKeyDictionary()
@@ -32,14 +43,32 @@ _shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncBaseTra
 
 
 def async_client(
-    *, max_connections: int = DEFAULT_MAX_CONNECTIONS, **options: Any
+    *,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    verify: ssl.SSLContext | bool = True,
+    **options: Any,
 ) -> httpx.AsyncClient:
     """A new ``httpx.AsyncClient`` on the fastest transport available here.
 
-    ``options`` go to ``httpx.AsyncClient`` (``timeout``, ``headers``, ``base_url``, ...).
-    Create it inside a running event loop and close it with ``aclose()``.
+    ``verify`` is how ``https`` servers are checked, as in httpx: ``True`` (the system's
+    trusted certificates), an ``ssl.SSLContext`` (such as
+    ``ssl.create_default_context(cafile=...)`` for a private CA or a self-signed server), or
+    ``False`` (no check). ``options`` go to ``httpx.AsyncClient`` (``timeout``,
+    ``headers``, ``base_url``, ...); those that configure httpx's own transport
+    (``transport``, ``limits``, ``http2``, ``cert``) raise :class:`UsageError`. Create it
+    inside a running event loop and close it with ``aclose()``.
     """
-    return fast_cookies(httpx.AsyncClient(transport=_transport(max_connections), **options))
+    _check_connections(max_connections)
+    if not isinstance(cast(object, verify), bool | ssl.SSLContext):
+        raise UsageError(
+            f"verify must be True, False or an ssl.SSLContext, got {type(verify).__name__} "
+            f"{verify!r}: for a CA file pass ssl.create_default_context(cafile=...)"
+        )
+    for name, fix in _TRANSPORT_OPTIONS.items():
+        if name in options:
+            raise UsageError(f"async_client does not take {name}={options[name]!r}: {fix}")
+    transport = _transport(max_connections, verify)
+    return fast_cookies(httpx.AsyncClient(transport=transport, verify=verify, **options))
 
 
 async def post_json(
@@ -60,6 +89,11 @@ async def post_json(
     """
     from osmosis_ai.rollout.http1 import LeanTransport
 
+    if not url.lower().startswith(("http://", "https://")):
+        raise UsageError(f"post_json needs an http:// or https:// URL, got {url!r}")
+    number = cast(object, timeout)
+    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
+        raise UsageError(f"post_json timeout must be a number of seconds > 0, got {timeout!r}")
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     sent = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
     timeouts = httpx.Timeout(timeout).as_dict()
@@ -107,22 +141,26 @@ class _Cookies(httpx.Cookies):
             super().extract_cookies(response)
 
 
-def _transport(max_connections: int) -> httpx.AsyncBaseTransport:
+def _transport(
+    max_connections: int, verify: ssl.SSLContext | bool = True
+) -> httpx.AsyncBaseTransport:
     from osmosis_ai.rollout.http1 import LeanTransport
 
     def fallback() -> httpx.AsyncBaseTransport:
-        transport = _aiohttp_transport(max_connections)
+        transport = _aiohttp_transport(max_connections, verify)
         if transport is None:
             limits = httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             )
-            transport = httpx.AsyncHTTPTransport(limits=limits)
+            transport = httpx.AsyncHTTPTransport(verify=verify, limits=limits)
         return transport
 
     return LeanTransport(max_connections=max_connections, fallback=fallback)
 
 
-def _aiohttp_transport(max_connections: int) -> httpx.AsyncBaseTransport | None:
+def _aiohttp_transport(
+    max_connections: int, verify: ssl.SSLContext | bool
+) -> httpx.AsyncBaseTransport | None:
     try:
         import aiohttp
         from httpx_aiohttp import AiohttpTransport
@@ -130,10 +168,58 @@ def _aiohttp_transport(max_connections: int) -> httpx.AsyncBaseTransport | None:
         return None
 
     def session() -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0)
+        # ssl=True is aiohttp's own check against the system's trusted certificates.
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ssl=verify)
         return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout())
 
-    return AiohttpTransport(client=session)
+    return _ConnectFailures(
+        AiohttpTransport(client=session),
+        refused=aiohttp.ClientConnectorError,
+        untrusted=aiohttp.ClientConnectorCertificateError,
+    )
+
+
+class _ConnectFailures(httpx.AsyncBaseTransport):
+    """aiohttp's transport, with a failure to connect raised as ``httpx.ConnectError``
+    (httpx-aiohttp raises a refused connection and an untrusted certificate as
+    ``ConnectTimeout``), an untrusted certificate saying how to trust it."""
+
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        *,
+        refused: type[BaseException],
+        untrusted: type[BaseException],
+    ) -> None:
+        self._inner = inner
+        self._refused = refused
+        self._untrusted = untrusted
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self._inner.handle_async_request(request)
+        except httpx.ConnectTimeout as exc:
+            cause = exc.__cause__
+            if isinstance(cause, self._untrusted):
+                origin = f"{request.url.scheme}://{request.url.netloc.decode('ascii')}"
+                raise httpx.ConnectError(
+                    f"{origin} presented a certificate this client does not trust ({cause}): "
+                    "pass async_client(verify=ssl.create_default_context(cafile=...)) with "
+                    "the CA that signed it",
+                    request=request,
+                ) from cause
+            if isinstance(cause, self._refused):
+                raise httpx.ConnectError(str(exc), request=request) from cause
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _check_connections(max_connections: int) -> None:
+    value = cast(object, max_connections)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"max_connections must be a whole number >= 1, got {max_connections!r}")
 
 
 def shared_transport() -> httpx.AsyncBaseTransport:
