@@ -7,7 +7,7 @@ import io
 import pytest
 
 from cli_support import invoke, register
-from osmosis_ai.cli import output
+from osmosis_ai.cli import output, results
 from osmosis_ai.cli.confirm import confirm
 from osmosis_ai.cli.errors import Cancelled, CLIError, CLIErrorCode, to_cli_error
 from osmosis_ai.consts import PACKAGE_VERSION
@@ -82,13 +82,21 @@ def test_detail_operation_and_message_envelopes(capsys):
 def test_encode_is_strict_and_knows_paths_and_dates(tmp_path):
     import datetime
 
-    assert output.encode({"p": tmp_path, "d": datetime.date(2024, 1, 2)}) == (
+    assert results.encode({"p": tmp_path, "d": datetime.date(2024, 1, 2)}) == (
         f'{{"p": "{tmp_path}", "d": "2024-01-02"}}'
     )
     with pytest.raises(ValueError):
-        output.encode(float("inf"))
+        results.encode(float("inf"))
     with pytest.raises(TypeError):
-        output.encode(object())
+        results.encode(object())
+
+
+def test_commands_find_every_result_type_in_output():
+    missing = [name for name in output.__all__ if not hasattr(output, name)]
+    assert missing == []
+    for name in results.__all__:
+        if name[0].isupper():
+            assert getattr(output, name) is getattr(results, name), name
 
 
 # --- plain ------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Rich rendering: result tables, coloured stderr lines and the confirmation prompt.
 
 The only module that imports rich, and only :mod:`osmosis_ai.cli.output` and
-:mod:`osmosis_ai.cli.confirm` import it, when rich output is actually printed.
+:mod:`osmosis_ai.cli.confirm` import it, when rich output is actually printed. It reads the
+result types from :mod:`osmosis_ai.cli.results`, never from the output module that calls it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from rich.prompt import Confirm
 from rich.table import Table
 from rich.text import Text
 
-from osmosis_ai.cli.output import (
+from osmosis_ai.cli.results import (
     DetailResult,
     ListResult,
     MessageResult,
