@@ -49,6 +49,16 @@ class SleepyWorkflow(AgentWorkflow[AgentWorkflowConfig]):
         return ANSWER
 
 
+async def until(condition, what: str) -> None:
+    """Wait for ``condition()`` on this loop; fail naming ``what`` if it never holds."""
+    try:
+        async with asyncio.timeout(10):  # a guard against a hang; it holds within a few turns
+            while not condition():  # noqa: ASYNC110 - the backend's counters have no event
+                await asyncio.sleep(0.001)
+    except TimeoutError:
+        pytest.fail(f"never happened: {what}")
+
+
 def req(rid: str = "r1", **kw) -> ExecutionRequest:
     kw.setdefault("prompt", [{"role": "user", "content": "q"}])
     kw.setdefault("label", "42")
@@ -143,19 +153,22 @@ def test_default_concurrency_is_one_documented_number():
 
 
 async def test_concurrency_limit_and_queue_time_counts_against_deadline(artifact_root):
-    backend = LocalBackend(workflow=SleepyWorkflow, max_concurrent=1)
-    first = asyncio.create_task(
-        backend.execute(req("a", metadata={"id": "a", "sleep": 0.3}, grade=False))
-    )
-    await asyncio.sleep(0.05)
-    second = asyncio.create_task(
-        backend.execute(
-            req("b", metadata={"id": "b", "sleep": 0.01}, grade=False, agent_timeout_sec=0.2)
-        )
-    )
-    await asyncio.sleep(0.05)
+    release = asyncio.Event()
+
+    class Gated(AgentWorkflow[AgentWorkflowConfig]):
+        async def run(self, ctx):
+            await release.wait()
+            return ANSWER
+
+    backend = LocalBackend(workflow=Gated, max_concurrent=1)
+    first = asyncio.create_task(backend.execute(req("a", grade=False)))
+    await until(lambda: backend.health()["concurrency"]["running"] == 1, "a runs")
+    second = asyncio.create_task(backend.execute(req("b", grade=False, agent_timeout_sec=0.05)))
+    await until(lambda: backend.health()["concurrency"]["queued"] == 1, "b queues")
     assert backend.health()["concurrency"] == {"max_concurrent": 1, "queued": 1, "running": 1}
     assert backend.rollout_status("b")["status"] == "queued"  # type: ignore[index]
+    await asyncio.sleep(0.06)  # b's whole budget goes by in the queue
+    release.set()
     out_b = await second
     assert out_b.result.status is RolloutStatus.FAILURE
     assert out_b.result.err_category is RolloutErrorCategory.TIMEOUT
@@ -186,7 +199,7 @@ async def test_grader_deadline_is_independent(artifact_root):
             await asyncio.sleep(1)
 
     backend = LocalBackend(workflow=EchoWorkflow, grader=SlowGrader)
-    out = await backend.execute(req(agent_timeout_sec=0.05, grader_timeout_sec=0.1))
+    out = await backend.execute(req(agent_timeout_sec=30, grader_timeout_sec=0.1))
     assert out.workflow.status is RolloutStatus.SUCCESS
     assert out.result.err_message == "grader exceeded its 0.1s deadline"
     assert out.result.err_category is RolloutErrorCategory.TIMEOUT
@@ -276,7 +289,7 @@ async def test_cancel_queued_and_running(artifact_root):
     backend = LocalBackend(workflow=SleepyWorkflow, max_concurrent=1)
     running = asyncio.create_task(backend.execute(req("run", metadata={"id": "run", "sleep": 5})))
     queued = asyncio.create_task(backend.execute(req("q", metadata={"id": "q"})))
-    await asyncio.sleep(0.05)
+    await until(lambda: backend.health()["concurrency"]["queued"] == 1, "q queues behind run")
     assert backend.cancel_rollouts(ids=["q", "run", "nope"]) == {
         "q": "cancelled_queued",
         "run": "cancelled_running",
@@ -298,7 +311,7 @@ async def test_cancel_by_prefix(artifact_root):
         for p in ("a", "b")
         for i in range(2)
     ]
-    await asyncio.sleep(0.05)
+    await until(lambda: backend.health()["concurrency"]["running"] == 4, "all four run")
     assert set(backend.cancel_rollouts(prefix="a-")) == {"a-0", "a-1"}
     assert set(backend.cancel_rollouts(all=True).values()) == {"cancelled_running"}
     await asyncio.gather(*tasks, return_exceptions=True)
