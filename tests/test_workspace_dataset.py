@@ -366,6 +366,14 @@ def test_read_rows_jsonl_and_csv(tmp_path):
     assert read_rows(path) == PROMPT_ROWS
 
 
+def test_read_rows_limit_reads_only_the_first_rows(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in PROMPT_ROWS) + '\n{"broken": \n')
+    assert read_rows(path, limit=2) == PROMPT_ROWS[:2]  # the bad last line is never reached
+    with pytest.raises(DatasetError, match="line 5"):
+        read_rows(path)
+
+
 def test_read_rows_raises_at_the_first_bad_record(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')

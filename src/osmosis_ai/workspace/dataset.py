@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -129,8 +130,9 @@ def validate_dataset(path: Path) -> DatasetValidation:
     return DatasetValidation(path, extension, size, tuple(errors.items), row_count=count)
 
 
-def read_rows(path: Path) -> list[Row]:
-    """Parse every row of a dataset file; raise :class:`DatasetError` at the first bad one.
+def read_rows(path: Path, *, limit: int | None = None) -> list[Row]:
+    """Parse the rows of a dataset file (the first ``limit`` when given); raise
+    :class:`DatasetError` at the first bad one.
 
     Parsing only: run :func:`validate_dataset` for the content rules.
     """
@@ -143,10 +145,15 @@ def read_rows(path: Path) -> list[Row]:
     if extension == "parquet" and _parquet_module() is None:
         raise MissingExtraError("eval", "Reading Parquet datasets", "pyarrow")
     errors = _Errors(1)
+    records = _records(path, extension, errors)
     try:
-        return [row for _, row in _records(path, extension, errors) if row is not None]
+        rows = (row for _, row in records if row is not None)
+        return list(rows if limit is None else itertools.islice(rows, limit))
     except _Stop:
         raise DatasetError(errors.items[0], path=path) from None
+    finally:
+        if isinstance(records, Generator):
+            records.close()  # a limited read stops early: close the file now
 
 
 def dataset_sha256(path: Path) -> str:
