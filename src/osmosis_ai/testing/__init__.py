@@ -13,8 +13,8 @@ _EXPORTS: dict[str, str] = {
     "ChatRequest": "osmosis_ai.testing.model_server",
     "RecordedRequest": "osmosis_ai.testing.model_server",
     "ScriptedModelServer": "osmosis_ai.testing.model_server",
-    "ScriptedTurn": "osmosis_ai.testing.model_server",
-    "ToolCall": "osmosis_ai.testing.model_server",
+    "ScriptedTurn": "osmosis_ai.testing.turns",
+    "ToolCall": "osmosis_ai.testing.turns",
 }
 
 if TYPE_CHECKING:
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from osmosis_ai.testing.model_server import ChatRequest as ChatRequest
     from osmosis_ai.testing.model_server import RecordedRequest as RecordedRequest
     from osmosis_ai.testing.model_server import ScriptedModelServer as ScriptedModelServer
-    from osmosis_ai.testing.model_server import ScriptedTurn as ScriptedTurn
-    from osmosis_ai.testing.model_server import ToolCall as ToolCall
+    from osmosis_ai.testing.turns import ScriptedTurn as ScriptedTurn
+    from osmosis_ai.testing.turns import ToolCall as ToolCall
 
 __all__ = [  # = sorted(_EXPORTS)
     "CallbackReceiver",

@@ -1,7 +1,8 @@
 """A scripted OpenAI-compatible chat-completions server: a real HTTP fake for tests and benches.
 
-Owns :class:`ScriptedModelServer` (a raw ASGI app), the scripting types, routing, auth,
-request recording and a CLI; :mod:`osmosis_ai.testing.scripted_reply` renders each reply.
+Owns :class:`ScriptedModelServer` (a raw ASGI app), routing, auth, request recording and a
+CLI; the turns of a script are in :mod:`osmosis_ai.testing.turns`, and
+:mod:`osmosis_ai.testing.scripted_reply` renders each reply.
 The request path is kept lean on purpose: a benchmark drives it at high concurrency.
 """
 
@@ -31,6 +32,19 @@ from osmosis_ai.rollout.asgi import (
 )
 from osmosis_ai.testing.scripted_reply import ScriptedReply, content_text, dump_json
 from osmosis_ai.testing.serving import ServerThread, serve_in_task
+from osmosis_ai.testing.turns import ScriptedTurn, ToolCall
+
+__all__ = [  # ScriptedTurn and ToolCall are defined in .turns and re-exported here
+    "ChatRequest",
+    "OnExhausted",
+    "RecordedRequest",
+    "Responder",
+    "ScriptedModelServer",
+    "ScriptedTurn",
+    "ToolCall",
+    "default_key",
+    "main",
+]
 
 OnExhausted = Literal["repeat_last", "error"]
 
@@ -43,36 +57,6 @@ _ERROR_TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One tool call the scripted assistant makes; ``arguments`` as a dict or a JSON string."""
-
-    name: str
-    arguments: dict[str, Any] | str
-    id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptedTurn:
-    """One assistant reply. ``finish_reason`` and ``usage`` are filled in when left ``None``;
-    ``latency_ms`` overrides the server's; ``status_code >= 400`` answers an error instead."""
-
-    content: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    finish_reason: str | None = None
-    latency_ms: float | None = None
-    usage: dict[str, int] | None = None
-    status_code: int = 200
-    error: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.error is not None and self.status_code < 400:
-            raise UsageError(
-                f"ScriptedTurn(error={self.error!r}) has status_code={self.status_code}: "
-                "pass status_code >= 400 to script an error reply"
-            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from osmosis_ai.testing.model_server import ScriptedTurn
+    from osmosis_ai.testing.turns import ScriptedTurn
 
 __all__ = ["ScriptedReply", "content_text", "dump_json"]
 
