@@ -223,6 +223,7 @@ class DatasetLog(Base):
     )
     timestamp: Mapped[datetime] = _created()
     level: Mapped[str] = mapped_column(String(16), default="info")
+    step: Mapped[str] = mapped_column(String(32), default="")  # upload, processing, validation
     message: Mapped[str] = mapped_column(Text)
     details: Mapped[dict[str, object] | None] = mapped_column(JSON)
 

@@ -282,6 +282,7 @@ def upgrade() -> None:
         sa.Column("dataset_id", sa.String(length=36), nullable=False),
         sa.Column("timestamp", UTC_TIME, nullable=False),
         sa.Column("level", sa.String(length=16), nullable=False),
+        sa.Column("step", sa.String(length=32), nullable=False),
         sa.Column("message", sa.Text(), nullable=False),
         sa.Column("details", sa.JSON(), nullable=True),
         sa.ForeignKeyConstraint(
