@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from osmosis_ai.rollout.server.workers import (
     resolve_workers,
     serve_workers,
 )
-from osmosis_ai.testing import CallbackReceiver
+from osmosis_ai.testing import CallbackReceiver, ProtocolController
 from osmosis_ai.testing.serving import free_port, serve_in_task
 from rollouts import init_body, poll_until_done
 
@@ -43,6 +43,7 @@ ENTRYPOINT = textwrap.dedent(
     """
     import asyncio
     import os
+    import sys
 
     from osmosis_ai.rollout import AgentWorkflow, Grader, LocalBackend
     from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
@@ -59,9 +60,27 @@ ENTRYPOINT = textwrap.dedent(
             ctx.set_reward(1.0)
 
 
+    class Reporting(LocalBackend):
+        \"\"\"Health with fields of every kind a backend may add to it.\"\"\"
+
+        def health(self):
+            body = super().health()
+            body["max_queue_depth"] = 5
+            body["schema_version"] = 3
+            body["port"] = 8123
+            body["started_at"] = 1_700_000_000
+            body["pid"] = os.getpid()
+            body["limits"] = {"max_tokens": 4096}
+            return body
+
+
     if __name__ == "__main__":
-        app = create_rollout_server(backend=LocalBackend(workflow=Pid, grader=Full))
-        run_rollout_server(app)
+        backend_class = Reporting if "--reporting" in sys.argv else LocalBackend
+        options = {}
+        if "--root-path" in sys.argv:
+            options["root_path"] = sys.argv[sys.argv.index("--root-path") + 1]
+        app = create_rollout_server(backend=backend_class(workflow=Pid, grader=Full))
+        run_rollout_server(app, **options)
     """
 )
 
@@ -106,7 +125,7 @@ def wait_gone(pids: list[int], limit: float = 15.0) -> list[int]:
 
 
 @contextlib.contextmanager
-def served(tmp_path: Path, workers: str = "2") -> Iterator[Served]:
+def served(tmp_path: Path, workers: str = "2", *args: str) -> Iterator[Served]:
     script = tmp_path / "main.py"
     script.write_text(ENTRYPOINT)
     port = free_port()
@@ -117,7 +136,7 @@ def served(tmp_path: Path, workers: str = "2") -> Iterator[Served]:
         WORKERS_ENV: workers,
     }
     proc = subprocess.Popen(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -156,6 +175,18 @@ async def fresh_connections(url: str) -> AsyncIterator[httpx.AsyncClient]:
     limits = httpx.Limits(max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
         yield client
+
+
+async def health_when(
+    client: httpx.AsyncClient, ready: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The first ``/health`` body for which ``ready`` holds (workers report as they go)."""
+    async with asyncio.timeout(60):  # a guard against a hang, not a speed requirement
+        while True:
+            body = (await client.get("/health")).json()
+            if ready(body):
+                return body
+            await asyncio.sleep(0.02)
 
 
 async def submit(client: httpx.AsyncClient, rollout_id: str, **metadata: Any) -> str:
@@ -245,11 +276,9 @@ async def test_cancel_and_health_cover_every_worker(tmp_path):
             ids = [f"slow-{n}" for n in range(8)]
             assert {owner(i) for i in ids} == {0, 1}
             leases = await asyncio.gather(*(submit(client, i, sleep=60) for i in ids))
-            for _ in range(100):
-                health = (await client.get("/health")).json()
-                if health["concurrency"]["running"] == len(ids):
-                    break
-                await asyncio.sleep(0.05)
+            health = await health_when(
+                client, lambda body: body["concurrency"]["running"] == len(ids)
+            )
             assert health["lifecycle"]["active_rollouts"] == len(ids)
             assert health["concurrency"]["max_concurrent"] == 2 * 64  # per worker, summed
             assert health["lifecycle"]["accepting_rollouts"] is True
@@ -293,6 +322,78 @@ async def test_callback_generation_through_either_worker(tmp_path):
                 asyncio.gather(*(receiver.wait_for(i, "grader") for i in ids)), 20
             )
     assert [(g["status"], g["sample"]["reward"]) for g in graded] == [("success", 1.0)] * len(ids)
+
+
+async def test_health_adds_up_counts_and_keeps_every_other_field_whole(tmp_path):
+    with served(tmp_path, "2", "--reporting") as server:
+        pids = children(server.proc.pid)
+        async with fresh_connections(server.url) as client:
+            ids = [f"busy-{n}" for n in range(6)]
+            assert {owner(i) for i in ids} == {0, 1}
+            await asyncio.gather(*(submit(client, i, sleep=60) for i in ids))
+            await health_when(client, lambda body: body["concurrency"]["running"] == len(ids))
+            answers = [await client.get("/health") for _ in range(8)]  # on either worker
+            await client.post("/rollout/cancel", json={"all": True})
+    bodies = [answer.json() for answer in answers]
+    first = bodies[0]
+    # counts add up over the workers
+    assert first["concurrency"]["running"] == len(ids)
+    assert first["concurrency"]["queued"] == 0
+    assert first["lifecycle"] == {"accepting_rollouts": True, "active_rollouts": len(ids)}
+    # a capacity limit holds per worker: the server's capacity is the workers' total
+    assert first["concurrency"]["max_concurrent"] == 2 * 64
+    assert first["max_queue_depth"] == 2 * 5
+    # identity, versions, ports, timestamps and unknown fields are one worker's, unsummed
+    assert first["schema_version"] == 3
+    assert first["port"] == 8123
+    assert first["started_at"] == 1_700_000_000
+    assert first["limits"] == {"max_tokens": 4096}
+    assert first["status"] == "ok"
+    assert first["workers"] == {"count": 2}
+    assert first["pid"] in pids
+    # and the same worker's, whichever worker answered: every answer tells one story
+    assert all(body == first for body in bodies), bodies
+    instance = {answer.headers["x-osmosis-rollout-instance-id"] for answer in answers}
+    assert instance == {first["instance_id"]}
+
+
+async def test_root_path_routes_each_rollout_to_its_owner_in_both_generations(tmp_path):
+    with served(tmp_path, "2", "--root-path", "/api") as server:
+        # Served under a root path, as behind a proxy that strips /api: the app sees it
+        # in each request's scope, so FastAPI's copies of the hot routes answer.
+        async with fresh_connections(server.url) as client:
+            ids = [f"rp-{n}" for n in range(12)]
+            assert {owner(i) for i in ids} == {0, 1}
+            leases = await asyncio.gather(*(submit(client, i) for i in ids))
+            results = await asyncio.gather(
+                *(poll_until_done(client, i, lease) for i, lease in zip(ids, leases, strict=True))
+            )
+            statuses = [(await client.get(f"/rollout/{i}/status")).json() for i in ids]
+            health = (await client.get("/health")).json()
+            schema = (await client.get("/openapi.json")).json()
+        for generation in ("polling", "callback"):
+            async with ProtocolController(server.url, generation=generation) as controller:
+                outcomes = await asyncio.gather(
+                    *(
+                        controller.run(
+                            [{"role": "user", "content": "hi"}],
+                            "http://127.0.0.1:9/v1",
+                            label="42",
+                            rollout_id=f"{generation}-{n}",
+                        )
+                        for n in range(6)
+                    )
+                )
+            assert {owner(o.rollout_id) for o in outcomes} == {0, 1}
+            assert [(o.status.value, o.reward) for o in outcomes] == [("success", 1.0)] * 6, outcomes
+    pids: dict[int, set[str]] = {0: set(), 1: set()}
+    for rollout_id, result in zip(ids, results, strict=True):
+        assert result["status"] == "success", result
+        pids[owner(rollout_id)].add(result["sample"]["messages"][-1]["content"])
+    assert len(pids[0]) == 1 and len(pids[1]) == 1 and pids[0] != pids[1], pids
+    assert [s["status"] for s in statuses] == ["success"] * len(ids)
+    assert health["workers"] == {"count": 2}
+    assert schema["servers"] == [{"url": "/api"}]
 
 
 def test_sigterm_drains_and_stops_every_worker(tmp_path):

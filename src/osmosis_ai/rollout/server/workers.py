@@ -9,7 +9,8 @@ Each rollout belongs to one worker, picked from its id (``crc32(rollout_id) % N`
 controller may send a rollout's calls on any connection: a ``POST /rollout`` or a
 ``GET /rollout/{id}/result|status`` that lands on another worker is forwarded over loopback
 to the owner's private listener, marked with a secret of the run so the owner serves it
-itself. ``POST /rollout/cancel`` and ``GET /health`` ask every worker and merge the answers.
+itself. ``POST /rollout/cancel`` and ``GET /health`` ask every worker and merge the answers
+(see :func:`merge_health` for which fields of a health body add up).
 
 The parent only supervises: ``SIGINT``/``SIGTERM`` reach every worker, each drains its own
 rollouts, and a worker that dies on its own stops the rest (its rollouts are gone, and a
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import hmac
 import json
@@ -45,7 +47,14 @@ from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.asgi import ASGIApp, Message, Receive, Scope, Send, read_body, send_body
 from osmosis_ai.rollout.http1 import LeanTransport, QuickAnswer
 
-__all__ = ["WORKERS_ENV", "WorkerRouter", "WorkerSet", "resolve_workers", "serve_workers"]
+__all__ = [
+    "WORKERS_ENV",
+    "WorkerRouter",
+    "WorkerSet",
+    "merge_health",
+    "resolve_workers",
+    "serve_workers",
+]
 
 logger = logging.getLogger("osmosis_ai.rollout.server")
 
@@ -94,6 +103,8 @@ class WorkerSet:
     """``http://127.0.0.1:<port>`` of each worker's private listener, by index."""
     secret: str
     """Marks a request one worker forwarded to another."""
+    root_path: str = ""
+    """uvicorn's ``root_path``: it prefixes every request's path, forwarded ones too."""
 
     @property
     def count(self) -> int:
@@ -168,7 +179,9 @@ def serve_workers(app: Any, *, host: str, port: int, workers: int, options: dict
         socket.create_server(("127.0.0.1", 0), backlog=config.backlog) for _ in range(workers)
     ]
     origins = tuple(f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in privates)
-    shared = WorkerSet(index=0, origins=origins, secret=secrets.token_hex(16))
+    shared = WorkerSet(
+        index=0, origins=origins, secret=secrets.token_hex(16), root_path=config.root_path
+    )
     bound_port = listener.getsockname()[1]
 
     children: dict[int, int] = {}
@@ -340,25 +353,35 @@ class WorkerRouter:
         if failure is not None:
             await _send_answer(send, failure)
             return
+        bodies = _objects(answers, "POST /rollout/cancel")
+        if isinstance(bodies, QuickAnswer):
+            await _send_answer(send, bodies)
+            return
         merged: dict[str, Any] = {}
-        for index, answer in enumerate(answers):
-            dispositions = answer.json().get("dispositions", {})
-            for rollout_id, disposition in dispositions.items():
+        for index, answered in enumerate(bodies):
+            dispositions = answered.get("dispositions")
+            for rollout_id, disposition in (
+                dispositions.items() if isinstance(dispositions, dict) else ()
+            ):
                 if workers.owner(rollout_id) == index:
                     merged[rollout_id] = disposition
         local = answers[workers.index]
         await _send_answer(send, _json(200, {"dispositions": merged}, local.headers))
 
     async def _health(self, workers: WorkerSet, scope: Scope, receive: Receive, send: Send) -> None:
-        """This worker's health with every worker's counts added up."""
+        """The server's health: the workers' bodies merged, with worker 0's headers."""
         answers = await self._everyone(workers, scope, b"", receive)
         failure = _failure(answers, workers.index)
         if failure is not None:
             await _send_answer(send, failure)
             return
-        merged = _merge_counts([answer.json() for answer in answers])
+        bodies = _objects(answers, "GET /health")
+        if isinstance(bodies, QuickAnswer):
+            await _send_answer(send, bodies)
+            return
+        merged = merge_health(bodies)
         merged["workers"] = {"count": workers.count}
-        await _send_answer(send, _json(200, merged, answers[workers.index].headers))
+        await _send_answer(send, _json(200, merged, answers[0].headers))
 
     async def _everyone(
         self, workers: WorkerSet, scope: Scope, body: bytes, receive: Receive
@@ -377,6 +400,25 @@ def _failure(answers: list[QuickAnswer], index: int) -> QuickAnswer | None:
     if answers[index].status_code != 200:
         return answers[index]
     return next((answer for answer in answers if answer.status_code != 200), None)
+
+
+def _objects(answers: list[QuickAnswer], what: str) -> list[dict[str, Any]] | QuickAnswer:
+    """Each worker's answer as a JSON object, or a 502 naming the worker whose is not."""
+    bodies: list[dict[str, Any]] = []
+    for index, answer in enumerate(answers):
+        try:
+            body = answer.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            detail = (
+                f"rollout worker {index} answered {what} with a body that is not a JSON object: "
+                f"{answer.content[:200]!r}"
+            )
+            logger.error("%s", detail)
+            return _json(502, {"detail": detail}, {})
+        bodies.append(cast(dict[str, Any], body))
+    return bodies
 
 
 def _forwarded(scope: Scope, workers: WorkerSet) -> bool:
@@ -419,7 +461,10 @@ async def _forward(workers: WorkerSet, owner: int, scope: Scope, body: bytes) ->
             text = value.decode("latin-1")
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
     headers[FORWARDED_HEADER] = workers.secret
-    target = scope.get("raw_path") or scope["path"].encode("utf-8")
+    target: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    root = workers.root_path.encode("latin-1")
+    if root and target.startswith(root):  # the owner's uvicorn puts it back
+        target = target[len(root) :]
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
     url = workers.origins[owner] + target.decode("latin-1")
@@ -465,21 +510,68 @@ def _json(status: int, value: object, headers: Mapping[str, str]) -> QuickAnswer
     return QuickAnswer(status, headers, json.dumps(value, separators=(",", ":")).encode())
 
 
-def _merge_counts(bodies: list[Any]) -> Any:
-    """The first body, with numbers every body has summed and flags every body has and-ed."""
-    first = bodies[0]
-    if all(isinstance(body, bool) for body in bodies):
-        return all(bodies)
-    if all(isinstance(body, int) and not isinstance(body, bool) for body in bodies):
-        return sum(bodies)
-    if all(isinstance(body, dict) for body in bodies):
-        return {
-            key: _merge_counts([body[key] for body in bodies])
-            if all(key in body for body in bodies)
-            else value
-            for key, value in first.items()
-        }
-    return first
+# How the workers' health bodies make the server's, by key path (see merge_health).
+_HEALTH_TOTALS: tuple[tuple[str, ...], ...] = (
+    ("concurrency", "queued"),  # counts
+    ("concurrency", "running"),
+    ("lifecycle", "active_rollouts"),
+    ("concurrency", "max_concurrent"),  # per-worker capacity limits
+    ("max_queue_depth",),
+)
+_HEALTH_EVERY: tuple[tuple[str, ...], ...] = (("lifecycle", "accepting_rollouts"),)
+
+
+def merge_health(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``/health`` body for the whole server from each worker's, in worker order.
+
+    Worker 0's body, with these fields made the server's:
+
+    - counts (``concurrency.queued``, ``concurrency.running``,
+      ``lifecycle.active_rollouts``) add up;
+    - capacity limits (``concurrency.max_concurrent``, ``max_queue_depth``) hold per worker,
+      each running its own backend, so the server's capacity, which a controller caps its
+      rollouts in flight to, is their total;
+    - ``lifecycle.accepting_rollouts`` holds when it holds for every worker, and ``status``
+      is the first that is not ``"ok"``, if any.
+
+    Any other field (identity, versions, ports, timestamps, a backend's own) stays worker
+    0's: adding them up would make nonsense of them, and one worker's answer is the same
+    whichever worker the request reached. A field is merged only when every body has it
+    with the expected type; else worker 0's value stands.
+    """
+    merged = copy.deepcopy(bodies[0])
+    for path in _HEALTH_TOTALS:
+        values = [_at(body, path) for body in bodies]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            _put(merged, path, sum(cast(list[int], values)))
+    for path in _HEALTH_EVERY:
+        values = [_at(body, path) for body in bodies]
+        if all(isinstance(v, bool) for v in values):
+            _put(merged, path, all(values))
+    if "status" in merged:
+        troubled = (body.get("status") for body in bodies)
+        merged["status"] = next(
+            (s for s in troubled if isinstance(s, str) and s != "ok"), merged["status"]
+        )
+    return merged
+
+
+_MISSING = object()
+
+
+def _at(body: dict[str, Any], path: tuple[str, ...]) -> object:
+    value: object = body
+    for key in path:
+        if not isinstance(value, dict):
+            return _MISSING
+        value = cast(dict[str, object], value).get(key, _MISSING)
+    return value
+
+
+def _put(body: dict[str, Any], path: tuple[str, ...], value: object) -> None:
+    for key in path[:-1]:
+        body = body[key]
+    body[path[-1]] = value
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
