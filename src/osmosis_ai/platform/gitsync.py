@@ -1,0 +1,199 @@
+"""Git sync: keep a bare mirror of a workspace repository and read its rollouts.
+
+The mirror lives under the data dir (``git/<workspace id>.git``), made with
+``git clone --mirror`` and refreshed with ``git fetch --prune``; every git call has a timeout,
+never prompts, and is serialized per mirror by a file lock. A rollout is a folder
+``rollouts/<name>/`` holding ``main.py``; its description is its ``pyproject.toml``'s
+``project.description``, else the first line of its README. Error text never carries the
+credentials a clone URL may hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+
+from osmosis_ai.platform.errors import PlatformError
+
+GIT_TIMEOUT_S = 120.0
+ROLLOUTS_DIR = "rollouts"
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+class GitSyncFailed(PlatformError):
+    """Git could not fetch or read the workspace repository."""
+
+    status_code = 502
+    default_code = "GIT_SYNC_FAILED"
+
+
+@dataclass(frozen=True)
+class FoundRollout:
+    name: str
+    description: str | None
+
+
+@dataclass(frozen=True)
+class BranchHead:
+    name: str
+    commit_sha: str
+    author: str | None
+
+
+def redact(text: str) -> str:
+    """``text`` with any ``scheme://user:password@`` credentials replaced by ``***``."""
+    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
+
+
+def mirror_path(mirrors_dir: Path, workspace_id: str) -> Path:
+    return mirrors_dir / f"{workspace_id}.git"
+
+
+@contextlib.contextmanager
+def mirror_lock(mirror: Path) -> Generator[None]:
+    """Serialize git work on one mirror across threads and processes."""
+    mirror.parent.mkdir(parents=True, exist_ok=True)
+    with (mirror.parent / f"{mirror.name}.lock").open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def fetch(clone_url: str, mirror: Path, *, timeout: float = GIT_TIMEOUT_S) -> None:
+    """Bring the mirror of ``clone_url`` up to date (clone it the first time)."""
+    if (mirror / "HEAD").exists():
+        current = _git(mirror, "config", "--get", "remote.origin.url", timeout=timeout, check=False)
+        if current.strip() != clone_url:
+            _git(mirror, "remote", "set-url", "origin", clone_url, timeout=timeout)
+        _git(mirror, "fetch", "--prune", "--quiet", "origin", timeout=timeout)
+        _refresh_head(mirror, timeout=timeout)
+        return
+    partial = mirror.with_name(mirror.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        _git(None, "clone", "--mirror", "--quiet", "--", clone_url, str(partial), timeout=timeout)
+        partial.rename(mirror)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def default_branch(mirror: Path) -> str | None:
+    ref = _git(mirror, "symbolic-ref", "--quiet", "HEAD", check=False).strip()
+    return ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
+
+
+def branches(mirror: Path) -> list[BranchHead]:
+    """Every branch of the mirror with its head commit and that commit's author."""
+    listing = _git(
+        mirror,
+        "for-each-ref",
+        "--format=%(refname:strip=2)%00%(objectname)%00%(authorname)",
+        "refs/heads/",
+    )
+    heads: list[BranchHead] = []
+    for line in listing.splitlines():
+        name, sha, author = [*line.split("\0"), "", ""][:3]
+        if name and sha:
+            heads.append(BranchHead(name=name, commit_sha=sha, author=author or None))
+    return heads
+
+
+def rollouts_at(mirror: Path, commit: str) -> list[FoundRollout]:
+    """The rollouts (``rollouts/<name>/main.py``) in ``commit``, by name."""
+    listing = _git(mirror, "ls-tree", "-r", "--name-only", "-z", commit, "--", f"{ROLLOUTS_DIR}/")
+    files: dict[str, set[str]] = {}
+    for path in listing.split("\0"):
+        parts = path.split("/")
+        if len(parts) == 3 and parts[0] == ROLLOUTS_DIR:
+            files.setdefault(parts[1], set()).add(parts[2])
+    found: list[FoundRollout] = []
+    for name in sorted(files):
+        if "main.py" not in files[name]:
+            continue
+        found.append(
+            FoundRollout(name=name, description=_description(mirror, commit, name, files[name]))
+        )
+    return found
+
+
+def _description(mirror: Path, commit: str, name: str, present: set[str]) -> str | None:
+    if "pyproject.toml" in present:
+        text = _show(mirror, commit, f"{ROLLOUTS_DIR}/{name}/pyproject.toml")
+        try:
+            project = tomllib.loads(text).get("project", {})
+        except tomllib.TOMLDecodeError:
+            project = {}
+        described = project.get("description") if isinstance(project, dict) else None
+        if isinstance(described, str) and described.strip():
+            return described.strip()
+    readme = next((f for f in sorted(present) if f.lower().startswith("readme")), None)
+    if readme is not None:
+        for line in _show(mirror, commit, f"{ROLLOUTS_DIR}/{name}/{readme}").splitlines():
+            stripped = line.strip().lstrip("#").strip()
+            if stripped:
+                return stripped[:500]
+    return None
+
+
+def _show(mirror: Path, commit: str, path: str) -> str:
+    return _git(mirror, "cat-file", "blob", f"{commit}:{path}", check=False)
+
+
+def _refresh_head(mirror: Path, *, timeout: float) -> None:
+    """Point the mirror's HEAD at the remote's default branch (a clone does this itself)."""
+    remote = _git(mirror, "ls-remote", "--symref", "origin", "HEAD", timeout=timeout, check=False)
+    for line in remote.splitlines():
+        if line.startswith("ref: ") and line.endswith("\tHEAD"):
+            ref = line.removeprefix("ref: ").removesuffix("\tHEAD").strip()
+            _git(mirror, "symbolic-ref", "HEAD", ref, timeout=timeout, check=False)
+            return
+
+
+def _git(cwd: Path | None, *args: str, timeout: float = GIT_TIMEOUT_S, check: bool = True) -> str:
+    command = ["git", *([] if cwd is None else ["--git-dir", str(cwd)]), *args]
+    env = {
+        **os.environ,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ASKPASS": "echo",
+        "SSH_ASKPASS": "echo",
+        "GCM_INTERACTIVE": "never",
+        "LC_ALL": "C",
+    }
+    env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise GitSyncFailed(
+            f"git {args[0]} took longer than {timeout:.0f} s and was stopped.",
+            details={"command": args[0]},
+        ) from None
+    except FileNotFoundError:
+        raise GitSyncFailed(
+            "git is not installed on the platform's machine: install git.",
+            code="GIT_NOT_INSTALLED",
+        ) from None
+    if check and done.returncode != 0:
+        output = redact((done.stderr or done.stdout).strip())[-1000:]
+        raise GitSyncFailed(
+            f"git {args[0]} failed (exit {done.returncode}): {output}",
+            details={"command": args[0], "exit_code": done.returncode},
+        )
+    return done.stdout
