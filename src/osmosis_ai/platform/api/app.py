@@ -35,7 +35,10 @@ from osmosis_ai.platform.store.orm import utcnow
 # One module per resource; each defines ``router``. Order is the order of the OpenAPI doc.
 ROUTERS: tuple[str, ...] = (
     "osmosis_ai.platform.api.tokens",
+    "osmosis_ai.platform.api.device",
     "osmosis_ai.platform.api.workspaces",
+    "osmosis_ai.platform.api.rollouts",
+    "osmosis_ai.platform.web.device",
 )
 
 
