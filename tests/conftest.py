@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from platform_support import (  # noqa: F401  (platform fixtures)
+    database_url,
+    harness,
+    postgres_server,
+)
+
 
 @pytest.fixture
 def artifact_root(tmp_path, monkeypatch):
