@@ -96,7 +96,7 @@ def envelope(result: Result) -> dict[str, object]:
         return {"schema_version": SCHEMA_VERSION, **_page(result)}
     if isinstance(result, SectionedListResult):
         sections = {name: _page(section) for name, section in result.sections.items()}
-        return {"schema_version": SCHEMA_VERSION, **sections}
+        return {**result.extra, "schema_version": SCHEMA_VERSION, **sections}
     if isinstance(result, DetailResult):
         return {"schema_version": SCHEMA_VERSION, "data": result.data}
     if isinstance(result, OperationResult):

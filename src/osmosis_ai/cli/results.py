@@ -65,6 +65,7 @@ class SectionedListResult(Result):
 
     sections: dict[str, ListResult]
     title: str = ""
+    extra: dict[str, object] = field(default_factory=dict[str, object])  # top-level keys
 
 
 @dataclass(kw_only=True)
