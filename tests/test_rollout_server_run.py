@@ -14,8 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from osmosis_ai.rollout.server.run import YOUNG_GC_THRESHOLD
+from osmosis_ai.rollout import LocalBackend
+from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
+from osmosis_ai.rollout.server.app import ServerOptionError
+from osmosis_ai.rollout.server.run import YOUNG_GC_THRESHOLD, resolve_port
 from osmosis_ai.testing.serving import free_port
+from rollouts import ScriptedBehaviour
 
 pytest.importorskip("uvicorn", reason="run_rollout_server needs the server extra (uvicorn)")
 
@@ -92,3 +96,35 @@ def test_keeps_a_garbage_collector_threshold_the_program_set(tmp_path: Path):
 def test_access_log_comes_back_on_request(tmp_path: Path):
     output = serve_and_poll(tmp_path, "--access-log")
     assert output.count("GET /health") == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"port": 70000}, "port=70000 is not a port number: use 0-65535"),
+        ({"port": True}, "port=True is not a port number"),
+        ({"root_path": "api"}, "root_path='api' is not a root path: use '' or an ASCII path"),
+        ({"root_path": "/api/"}, "root_path='/api/' is not a root path"),
+        ({"root_path": "/ä"}, "root_path='/ä' is not a root path"),
+        ({"log_levle": "info"}, "got 'log_levle', which uvicorn does not take"),
+        ({"workers": 2, "reload": True}, "reload=True cannot be served by workers=2"),
+    ],
+)
+def test_bad_options_are_refused_before_serving(monkeypatch, options, message):
+    monkeypatch.delenv("OSMOSIS_ROLLOUT_WORKERS", raising=False)
+    backend = LocalBackend(workflow=ScriptedBehaviour)
+    app = create_rollout_server(backend=backend, configure_logging=False)
+    with pytest.raises(ServerOptionError) as raised:
+        run_rollout_server(app, **options)
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [("eighty", "_OSMOSIS_ROLLOUT_PORT='eighty' is not a port number"), ("-1", "outside 0-65535")],
+)
+def test_a_bad_port_in_the_environment_names_it(monkeypatch, raw, message):
+    monkeypatch.setenv("_OSMOSIS_ROLLOUT_PORT", raw)
+    with pytest.raises(ServerOptionError, match=message) as raised:
+        resolve_port()
+    assert isinstance(raised.value, ValueError)  # what it raised before it had a name

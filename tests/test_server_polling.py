@@ -15,6 +15,7 @@ from osmosis_ai.rollout import (
     RolloutStatus,
 )
 from osmosis_ai.rollout.server import create_rollout_server
+from osmosis_ai.rollout.server.app import ServerOptionError
 from osmosis_ai.testing.model_server import ScriptedModelServer
 from rollouts import (
     TOOL_SCRIPT,
@@ -403,18 +404,36 @@ async def test_bearer_auth_on_every_path(artifact_root, monkeypatch):
         assert (await client.get("/health")).status_code == 401
         ok = await client.get("/health", headers={"Authorization": "Bearer from-env"})
         assert ok.status_code == 200
-    with pytest.raises(ValueError, match="non-blank"):
-        create_rollout_server(backend=backend, api_key="  ")
 
 
-def test_server_option_validation():
-    backend = LocalBackend(workflow=ScriptedBehaviour)
-    with pytest.raises(ValueError, match="polling_lease_timeout_sec"):
-        create_rollout_server(
-            backend=backend, result_wait_timeout_sec=30, polling_lease_timeout_sec=30
-        )
-    with pytest.raises(ValueError, match="result_wait_timeout_sec"):
-        create_rollout_server(backend=backend, result_wait_timeout_sec=float("nan"))
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"result_wait_timeout_sec": 30, "polling_lease_timeout_sec": 30},
+            "polling_lease_timeout_sec must be finite and greater than result_wait_timeout_sec "
+            "(30), got 30",
+        ),
+        ({"result_wait_timeout_sec": float("nan")}, "result_wait_timeout_sec must be a finite"),
+        ({"result_wait_timeout_sec": "30"}, "number > 0, got str '30'"),
+        ({"result_retention_sec": -1}, "result_retention_sec must be a finite number >= 0, got -1"),
+        ({"drain_timeout_sec": float("inf")}, "drain_timeout_sec must be a finite number >= 0"),
+        ({"max_body_bytes": 0}, "max_body_bytes must be a whole number of bytes >= 1, got 0"),
+        ({"max_body_bytes": 1.5}, "got 1.5"),
+        ({"backend": LocalBackend}, "backend must be an ExecutionBackend instance, got the class"),
+        ({"backend": None}, "backend must be an ExecutionBackend instance, got None"),
+        ({"lifespan": "mine"}, "lifespan must be a callable"),
+        ({"api_key": "  "}, "api_key must be a non-blank string, or None to disable auth; got a"),
+        ({"api_key": b"secret-bytes"}, "got bytes"),
+    ],
+)
+def test_server_option_validation(options, message):
+    options.setdefault("backend", LocalBackend(workflow=ScriptedBehaviour))
+    with pytest.raises(ServerOptionError) as raised:
+        create_rollout_server(configure_logging=False, **options)
+    assert message in str(raised.value)
+    assert isinstance(raised.value, ValueError)  # what these raised before they had a name
+    assert "secret-bytes" not in str(raised.value)
 
 
 async def test_health_body_and_headers(artifact_root, monkeypatch):

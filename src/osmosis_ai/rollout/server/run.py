@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Any
+from typing import Any, cast
 
+from osmosis_ai.rollout.server.app import ServerOptionError
 from osmosis_ai.rollout.server.workers import resolve_workers, serve_workers
 
 PORT_ENV = "_OSMOSIS_ROLLOUT_PORT"
@@ -18,18 +19,23 @@ _INTERPRETER_YOUNG_THRESHOLDS = frozenset({700, 2000})  # 3.11-3.12, 3.13
 
 
 def resolve_port(port: int | None = None) -> int:
+    """``port``, else ``$_OSMOSIS_ROLLOUT_PORT``, else 8000 (:class:`ServerOptionError` when
+    the one chosen is not a port number)."""
     if port is not None:
-        return port
+        value = cast(object, port)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+            raise ServerOptionError(f"port={port!r} is not a port number: use 0-65535")
+        return value
     raw = os.environ.get(PORT_ENV, "")
     if not raw:
         return DEFAULT_PORT
     try:
-        value = int(raw)
+        number = int(raw)
     except ValueError:
-        raise ValueError(f"{PORT_ENV}={raw!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise ValueError(f"{PORT_ENV}={raw!r} is outside 0-65535")
-    return value
+        raise ServerOptionError(f"{PORT_ENV}={raw!r} is not a port number") from None
+    if not 0 <= number <= 65535:
+        raise ServerOptionError(f"{PORT_ENV}={raw!r} is outside 0-65535")
+    return number
 
 
 def run_rollout_server(
@@ -56,10 +62,15 @@ def run_rollout_server(
     whose own code keeps one core busy: each rollout runs in one of them, and a request
     about it that reaches another is passed on (see :mod:`osmosis_ai.rollout.server.workers`).
     Backend limits such as ``max_concurrent`` then apply per worker. Needs ``os.fork``.
+
+    ``uvicorn_options`` go to uvicorn (``root_path``, ``ssl_certfile``, ...); an option it
+    does not know, a malformed ``root_path``, or one that several workers cannot share
+    raises :class:`ServerOptionError` before anything is served.
     """
     import uvicorn
 
     count = resolve_workers(workers)
+    _check_uvicorn_options(uvicorn_options, count)
 
     options: dict[str, Any] = {
         "log_level": "info",
@@ -69,11 +80,42 @@ def run_rollout_server(
     }
     options.update(uvicorn_options)
     bind_host = host or os.environ.get(HOST_ENV) or DEFAULT_HOST
+    port = resolve_port(port)
     settle_heap()  # before any fork: workers share the frozen heap copy-on-write
     if count > 1:
-        serve_workers(app, host=bind_host, port=resolve_port(port), workers=count, options=options)
+        serve_workers(app, host=bind_host, port=port, workers=count, options=options)
         return
-    uvicorn.run(app, host=bind_host, port=resolve_port(port), **options)
+    uvicorn.run(app, host=bind_host, port=port, **options)
+
+
+def _check_uvicorn_options(options: dict[str, Any], workers: int) -> None:
+    import inspect
+
+    import uvicorn
+
+    known = set(inspect.signature(uvicorn.run).parameters) - {"app", "host", "port", "workers"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ServerOptionError(
+            f"run_rollout_server got {', '.join(map(repr, unknown))}, which uvicorn does not "
+            f"take: see uvicorn.Config for its options (host, port and workers are "
+            "run_rollout_server's own)"
+        )
+    root = cast(object, options.get("root_path", ""))
+    if not isinstance(root, str) or (
+        root and (not root.startswith("/") or root.endswith("/") or not root.isascii())
+    ):
+        raise ServerOptionError(
+            f"root_path={root!r} is not a root path: use '' or an ASCII path such as '/api' "
+            "(a leading '/', no trailing '/')"
+        )
+    if workers > 1:
+        for name in ("reload", "uds", "fd"):
+            if options.get(name):
+                raise ServerOptionError(
+                    f"{name}={options[name]!r} cannot be served by workers={workers}, which "
+                    "listen on one TCP host and port: drop it or serve with workers=1"
+                )
 
 
 def settle_heap() -> None:
