@@ -27,6 +27,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
 from osmosis_ai.consts import PACKAGE_VERSION
 from osmosis_ai.platform.api.deps import Platform
 from osmosis_ai.platform.api.errors import install_error_handlers
+from osmosis_ai.platform.api.objects import mount_objects
 from osmosis_ai.platform.api.version import VersionSignalMiddleware
 from osmosis_ai.platform.settings import PlatformSettings
 from osmosis_ai.platform.store.database import Database, open_database
@@ -38,6 +39,7 @@ ROUTERS: tuple[str, ...] = (
     "osmosis_ai.platform.api.device",
     "osmosis_ai.platform.api.workspaces",
     "osmosis_ai.platform.api.rollouts",
+    "osmosis_ai.platform.api.datasets",
     "osmosis_ai.platform.web.device",
 )
 
@@ -84,4 +86,5 @@ def create_platform_app(
         router = importlib.import_module(module).router
         assert isinstance(router, APIRouter)
         app.include_router(router)
+    mount_objects(app, platform)  # the signed upload/download URLs, at /objects
     return app

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
+from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route, Router
 
+from osmosis_ai.platform.api.deps import Platform
+from osmosis_ai.platform.crypto import load_or_create_key
 from osmosis_ai.platform.errors import InvalidRequest, PlatformError
 from osmosis_ai.platform.objects import (
     ObjectStore,
@@ -30,6 +33,29 @@ from osmosis_ai.platform.objects import (
 )
 
 CONTENT_TYPE = "application/octet-stream"
+SIGNING_KEY_FILE = "signing.key"
+
+
+def object_store(platform: Platform) -> ObjectStore:
+    """The platform's object store (under ``<data dir>/objects``), made once per app."""
+    store = platform.extras.get("objects")
+    if not isinstance(store, ObjectStore):
+        store = platform.extras["objects"] = ObjectStore(platform.settings.objects_dir)
+    return store
+
+
+def url_signer(platform: Platform) -> UrlSigner:
+    """The signer of object URLs, keyed by ``<data dir>/signing.key`` (made on first start)."""
+    signer = platform.extras.get("url_signer")
+    if not isinstance(signer, UrlSigner):
+        key = load_or_create_key(platform.settings.data_dir / SIGNING_KEY_FILE)
+        signer = platform.extras["url_signer"] = UrlSigner(key)
+    return signer
+
+
+def mount_objects(app: Starlette, platform: Platform) -> None:
+    """Serve the signed object URLs at ``/objects`` of ``app``."""
+    app.mount("/objects", objects_router(object_store(platform), url_signer(platform)))
 
 
 def objects_router(store: ObjectStore, signer: UrlSigner) -> Router:
