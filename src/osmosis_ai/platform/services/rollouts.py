@@ -1,10 +1,11 @@
 """Rollouts found by Git sync, per branch, and the sync that finds them.
 
 ``sync_workspace`` takes the database rather than a session: the fetch can take a while and
-must not hold a transaction (on SQLite, the write lock) while git runs. It records one
-``GitSyncEvent`` per branch whose head moved (commit, author, success) or one failed event,
-marks rollouts gone from a branch (or on a deleted branch) inactive, and learns the
-repository's default branch.
+must not hold a transaction (on SQLite, the write lock) while git runs. ``GitBranch`` rows
+hold each branch's head as of the last sync, so only branches that moved are read; each of
+those gets a ``GitSyncEvent`` (commit, author, success), a failed fetch gets one failed
+event. Rollouts gone from a branch, or on a deleted branch, turn inactive; the repository's
+default branch is learnt on the way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -20,7 +22,7 @@ from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.errors import InvalidRequest, NotFound
 from osmosis_ai.platform.settings import PlatformSettings
 from osmosis_ai.platform.store.database import Database
-from osmosis_ai.platform.store.orm import GitSyncEvent, Rollout, Workspace
+from osmosis_ai.platform.store.orm import GitBranch, GitSyncEvent, Rollout, Workspace
 
 MAX_PAGE = 50
 
@@ -69,7 +71,24 @@ def sync_workspace(
     now: Callable[[], datetime],
     timeout: float = gitsync.GIT_TIMEOUT_S,
 ) -> SyncOutcome:
-    """Fetch the workspace's repository and record the rollouts of every branch that moved."""
+    """Fetch the workspace's repository and record the rollouts of every branch that moved.
+
+    Syncs of one workspace run one at a time (the mirror's lock is held throughout), so two
+    never record the same branch move twice.
+    """
+    mirror = gitsync.mirror_path(settings.mirrors_dir, workspace_id)
+    with gitsync.mirror_lock(mirror):
+        return _sync_locked(database, workspace_id, mirror, now=now, timeout=timeout)
+
+
+def _sync_locked(
+    database: Database,
+    workspace_id: str,
+    mirror: Path,
+    *,
+    now: Callable[[], datetime],
+    timeout: float,
+) -> SyncOutcome:
     started = now()
     with database.transaction() as session:
         workspace = session.get(Workspace, workspace_id)
@@ -77,17 +96,15 @@ def sync_workspace(
             raise NotFound(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
         clone_url = workspace.clone_url
         synced = _synced_heads(session, workspace_id)
-    mirror = gitsync.mirror_path(settings.mirrors_dir, workspace_id)
     try:
-        with gitsync.mirror_lock(mirror):
-            gitsync.fetch(clone_url, mirror, timeout=timeout)
-            heads = gitsync.branches(mirror)
-            default = gitsync.default_branch(mirror)
-            found = {
-                head.name: gitsync.rollouts_at(mirror, head.commit_sha)
-                for head in heads
-                if synced.get(head.name) != head.commit_sha
-            }
+        gitsync.fetch(clone_url, mirror, timeout=timeout)
+        heads = gitsync.branches(mirror)
+        default = gitsync.default_branch(mirror)
+        found = {
+            head.name: gitsync.rollouts_at(mirror, head.commit_sha)
+            for head in heads
+            if synced.get(head.name) != head.commit_sha
+        }
     except gitsync.GitSyncFailed as exc:
         with database.transaction() as session:
             session.add(
@@ -116,11 +133,18 @@ def sync_workspace(
             if branch not in live and row.is_active:
                 row.is_active = False
                 row.updated_at = finished
-        for branch in sorted(set(synced) - live):  # a deleted branch: read it afresh if it returns
+        known = {
+            branch.name: branch
+            for branch in session.scalars(
+                select(GitBranch).where(GitBranch.workspace_id == workspace_id)
+            )
+        }
+        for name in sorted(set(known) - live):  # deleted: read afresh should it come back
+            session.delete(known.pop(name))
             session.add(
                 GitSyncEvent(
                     workspace_id=workspace_id,
-                    branch=branch,
+                    branch=name,
                     status="success",
                     message="branch deleted",
                     created_at=started,
@@ -150,6 +174,19 @@ def sync_workspace(
                     finished_at=finished,
                 )
             )
+            tracked = known.get(head.name)
+            if tracked is None:
+                session.add(
+                    GitBranch(
+                        workspace_id=workspace_id,
+                        name=head.name,
+                        commit_sha=head.commit_sha,
+                        synced_at=finished,
+                    )
+                )
+            else:
+                tracked.commit_sha = head.commit_sha
+                tracked.synced_at = finished
             results.append(BranchSync(head.name, head.commit_sha, len(rollouts), changed=True))
     return SyncOutcome(status="success", default_branch=default, branches=results)
 
@@ -185,26 +222,11 @@ def _record_branch(
 
 
 def _synced_heads(session: Session, workspace_id: str) -> dict[str, str]:
-    """The commit each branch was last synced at."""
-    latest = (
-        select(GitSyncEvent.branch, func.max(GitSyncEvent.finished_at).label("at"))
-        .where(
-            GitSyncEvent.workspace_id == workspace_id,
-            GitSyncEvent.status == "success",
-            GitSyncEvent.branch.is_not(None),
-        )
-        .group_by(GitSyncEvent.branch)
-        .subquery()
-    )
+    """The commit each branch was last read at."""
     rows = session.execute(
-        select(GitSyncEvent.branch, GitSyncEvent.commit_sha)
-        .join(
-            latest,
-            (GitSyncEvent.branch == latest.c.branch) & (GitSyncEvent.finished_at == latest.c.at),
-        )
-        .where(GitSyncEvent.workspace_id == workspace_id, GitSyncEvent.status == "success")
+        select(GitBranch.name, GitBranch.commit_sha).where(GitBranch.workspace_id == workspace_id)
     ).all()
-    return {branch: sha for branch, sha in rows if branch is not None and sha is not None}
+    return {name: sha for name, sha in rows}
 
 
 def list_rollouts(

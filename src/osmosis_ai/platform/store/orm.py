@@ -336,6 +336,19 @@ class Rollout(Base):
     updated_at: Mapped[datetime] = _updated()
 
 
+class GitBranch(Base):
+    """A branch of a workspace repository as of the last sync, and the commit it was read at."""
+
+    __tablename__ = "git_branches"
+
+    workspace_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    commit_sha: Mapped[str] = mapped_column(String(64))
+    synced_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class GitSyncEvent(Base):
     """One sync of a workspace repository (or one of its branches) and how it ended."""
 

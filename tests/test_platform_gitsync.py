@@ -1,0 +1,202 @@
+"""Git sync against real repositories made here: a mirror per workspace, each branch's
+``rollouts/<name>/main.py`` recorded with its description, moves and deletions followed."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from osmosis_ai.platform.gitsync import redact
+from osmosis_ai.platform.store.orm import GitSyncEvent
+
+REPO = "acme/agents"
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.name=Ada Author", "-c", "user.email=ada@example.com", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def write(repo: Path, files: dict[str, str]) -> None:
+    for name, content in files.items():
+        path = repo / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+
+@pytest.fixture
+def origin(tmp_path) -> Path:
+    """A repository with two branches: main (alpha, beta) and feature (alpha, gamma)."""
+    repo = tmp_path / "origin"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    write(
+        repo,
+        {
+            "rollouts/alpha/main.py": "print('alpha')\n",
+            "rollouts/alpha/pyproject.toml": '[project]\nname = "alpha"\n'
+            'description = "Alpha solves sums"\n',
+            "rollouts/beta/main.py": "print('beta')\n",
+            "rollouts/beta/README.md": "\n# Beta rollout\n\nMore text.\n",
+            "rollouts/notes/README.md": "no main.py: not a rollout\n",
+            "rollouts/alpha/pkg/main.py": "nested: not a rollout of its own\n",
+            "README.md": "workspace\n",
+        },
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first")
+    git(repo, "checkout", "-q", "-b", "feature")
+    git(repo, "rm", "-q", "-r", "rollouts/beta")
+    write(repo, {"rollouts/gamma/main.py": "print('gamma')\n"})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "gamma instead of beta")
+    git(repo, "checkout", "-q", "main")
+    return repo
+
+
+@pytest.fixture
+def member(harness, origin):
+    harness.workspace("Team", repo=REPO, clone_url=str(origin))
+    return harness.account("alice@example.com", workspace="Team")
+
+
+async def list_rollouts(harness, member, **params):
+    async with harness.client() as client:
+        answer = await client.get("/api/cli/rollouts", params=params, headers=member.headers(REPO))
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+async def test_each_branch_lists_its_own_rollouts(harness, member, origin):
+    main = await list_rollouts(harness, member)
+    assert main["branch"] == "main"
+    assert main["sync"] == {"status": "success", "message": None, "default_branch": "main"}
+    assert [(r["name"], r["description"]) for r in main["rollouts"]] == [
+        ("alpha", "Alpha solves sums"),
+        ("beta", "Beta rollout"),
+    ]
+    head = git(origin, "rev-parse", "main")
+    assert {r["last_synced_commit_sha"] for r in main["rollouts"]} == {head}
+    assert all(r["repo_full_name"] == REPO and r["is_active"] for r in main["rollouts"])
+    assert (main["total_count"], main["has_more"], main["next_offset"]) == (2, False, None)
+
+    feature = await list_rollouts(harness, member, branch="feature")
+    assert [r["name"] for r in feature["rollouts"]] == ["alpha", "gamma"]
+    assert feature["rollouts"][0]["last_synced_commit_sha"] == git(origin, "rev-parse", "feature")
+
+    first = await list_rollouts(harness, member, limit=1)
+    assert [r["name"] for r in first["rollouts"]] == ["alpha"]
+    assert (first["total_count"], first["has_more"], first["next_offset"]) == (2, True, 1)
+
+    with harness.platform.transaction() as session:
+        events = session.scalars(select(GitSyncEvent).order_by(GitSyncEvent.branch)).all()
+        assert [(e.branch, e.status, e.author) for e in events] == [
+            ("feature", "success", "Ada Author"),
+            ("main", "success", "Ada Author"),
+        ]  # the second and third calls found no branch had moved
+
+
+async def test_a_push_is_picked_up_by_the_next_call(harness, member, origin):
+    await list_rollouts(harness, member)
+    git(origin, "rm", "-q", "-r", "rollouts/beta")
+    write(origin, {"rollouts/delta/main.py": "print('delta')\n"})
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "delta instead of beta")
+    after = await list_rollouts(harness, member)
+    state = {r["name"]: r["is_active"] for r in after["rollouts"]}
+    assert state == {"alpha": True, "delta": True, "beta": False}
+    assert [r["name"] for r in after["rollouts"]] == ["alpha", "delta", "beta"]  # active first
+    active_sha = {r["last_synced_commit_sha"] for r in after["rollouts"] if r["is_active"]}
+    assert active_sha == {git(origin, "rev-parse", "main")}
+
+
+async def test_a_deleted_branch_goes_inactive_and_returns_whole(harness, member, origin):
+    await list_rollouts(harness, member, branch="feature")
+    git(origin, "branch", "-q", "-m", "feature", "parked")
+    async with harness.client() as client:
+        gone = await client.get(
+            "/api/cli/rollouts", params={"branch": "feature"}, headers=member.headers(REPO)
+        )
+    assert gone.status_code == 404 and gone.json()["code"] == "BRANCH_NOT_FOUND"
+    git(origin, "branch", "-q", "-m", "parked", "feature")  # same commit as before
+    back = await list_rollouts(harness, member, branch="feature")
+    assert {r["name"]: r["is_active"] for r in back["rollouts"]} == {"alpha": True, "gamma": True}
+
+
+async def test_an_explicit_sync_reports_branches_and_failures(harness, member, origin, tmp_path):
+    async with harness.client() as client:
+        done = await client.post("/api/cli/rollouts/sync", headers=member.headers(REPO))
+        assert done.status_code == 200
+        assert done.json()["default_branch"] == "main"
+        assert {b["name"]: b["rollouts"] for b in done.json()["branches"]} == {
+            "main": 2,
+            "feature": 2,
+        }
+
+        harness.workspace("Broken", repo="acme/broken", clone_url=str(tmp_path / "missing"))
+        broken = harness.account("alice@example.com", workspace="Broken")
+        failed = await client.post("/api/cli/rollouts/sync", headers=broken.headers("acme/broken"))
+        assert failed.status_code == 502
+        assert failed.json()["code"] == "GIT_SYNC_FAILED"
+        listed = await client.get("/api/cli/rollouts", headers=broken.headers("acme/broken"))
+    assert listed.status_code == 200  # listing still answers from what was recorded
+    assert listed.json()["rollouts"] == []
+    assert listed.json()["sync"]["status"] == "failed"
+
+
+async def test_credentials_in_a_clone_url_never_reach_an_answer_or_the_database(harness):
+    secret_url = "http://alice:hunter2-secret@127.0.0.1:9/acme/agents.git"
+    harness.workspace("Team", repo=REPO, clone_url=secret_url)
+    alice = harness.account("alice@example.com", workspace="Team")
+    async with harness.client() as client:
+        failed = await client.post("/api/cli/rollouts/sync", headers=alice.headers(REPO))
+    assert failed.status_code == 502
+    assert "hunter2-secret" not in failed.text
+    with harness.platform.transaction() as session:
+        messages = [e.message or "" for e in session.scalars(select(GitSyncEvent))]
+    assert messages and all("hunter2-secret" not in m for m in messages)
+
+
+def test_redact_hides_userinfo_of_any_url():
+    text = "fatal: unable to access 'https://user:p%40ss@host/x.git/' and ssh://git@h/r"
+    assert redact(text) == "fatal: unable to access 'https://***@host/x.git/' and ssh://***@h/r"
+
+
+def test_syncs_of_one_workspace_running_together_record_each_move_once(harness, member):
+    import threading
+
+    from osmosis_ai.platform.services.rollouts import sync_workspace
+
+    with harness.platform.transaction() as session:
+        from osmosis_ai.platform.store.orm import Workspace
+
+        workspace_id = session.scalar(select(Workspace.id).where(Workspace.name == "Team"))
+    outcomes = []
+    start = threading.Barrier(4)
+
+    def sync():
+        start.wait()
+        outcomes.append(
+            sync_workspace(
+                harness.platform.database, harness.settings, workspace_id, now=harness.clock
+            )
+        )
+
+    threads = [threading.Thread(target=sync) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [o.status for o in outcomes] == ["success"] * 4
+    assert sum(b.changed for o in outcomes for b in o.branches) == 2
+    with harness.platform.transaction() as session:
+        assert len(session.scalars(select(GitSyncEvent)).all()) == 2
