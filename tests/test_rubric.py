@@ -268,12 +268,14 @@ async def test_other_providers_need_litellm(monkeypatch):
     with pytest.raises(LiteLLMNotInstalledError) as caught:
         await evaluate_rubric(solution_str="x", rubric=RUBRIC, model="anthropic/claude-x")
     message = str(caught.value)
-    assert "pip install litellm" in message and "'openai/<model>'" in message
+    assert 'pip install "osmosis-ai[litellm]"' in message and "'openai/<model>'" in message
     assert "OPENAI_BASE_URL" in message
     assert isinstance(caught.value, MissingExtraError) and isinstance(caught.value, ImportError)
 
 
-async def test_litellm_reaches_an_openai_compatible_judge():
+async def test_litellm_reaches_an_openai_compatible_judge(monkeypatch):
+    # LiteLLM fetches its price list from the network on import unless told to use its copy.
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     pytest.importorskip("litellm")
     async with ScriptedModelServer([verdict(0.5, "via litellm")], record_requests=True) as server:
         result = await judge(server, model="hosted_vllm/judge")

@@ -99,14 +99,11 @@ class LiteLLMNotInstalledError(MissingExtraError):
     """A judge outside ``openai/…`` needs LiteLLM, which is not installed."""
 
     def __init__(self, model: str) -> None:
-        super().__init__("litellm", f"the judge model {model!r}", "litellm")
-        message = (
-            f"The judge model {model!r} needs LiteLLM, which is not installed: run "
-            "pip install litellm. An OpenAI-compatible endpoint needs no extra: use "
-            "'openai/<model>' with OPENAI_BASE_URL (or base_url=)."
+        feature = (
+            f"the judge model {model!r} (an OpenAI-compatible endpoint needs no extra: use "
+            "'openai/<model>' with OPENAI_BASE_URL or base_url=)"
         )
-        self.args = (message,)
-        self.msg = message
+        super().__init__("litellm", feature, "litellm")
 
 
 # --- the judge endpoint ---------------------------------------------------------------------
