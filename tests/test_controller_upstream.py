@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import subprocess
+import sys
+import tomllib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -409,8 +413,8 @@ def test_local_model_path_names_the_missing_checkpoint(tmp_path):
         upstream_from_model_path(f"local:{missing}", {})
 
 
-@pytest.mark.skipif(HAS_LITELLM, reason="litellm is installed: the missing-extra path cannot run")
-def test_other_providers_without_litellm_name_the_extra_and_the_openai_route():
+def test_other_providers_without_litellm_name_the_extra_and_the_openai_route(monkeypatch):
+    monkeypatch.setitem(sys.modules, "litellm", None)  # as if the extra were not installed
     with pytest.raises(MissingExtraError) as caught:
         upstream_from_model_path("anthropic/claude-sonnet-4", {})
     message = str(caught.value)
@@ -423,16 +427,109 @@ def test_other_providers_without_litellm_name_the_extra_and_the_openai_route():
         LiteLLMUpstream("anthropic/claude-sonnet-4")
 
 
-@pytest.mark.skipif(not HAS_LITELLM, reason="needs the 'litellm' package (extra 'litellm')")
-async def test_litellm_upstream_reaches_an_openai_compatible_server(monkeypatch):
-    async with ScriptedModelServer(["via litellm"], on_exhausted="repeat_last") as server:
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-        upstream = upstream_from_model_path(
-            "hosted_vllm/policy", {}, extra_body={"api_base": server.base_url}
-        )
-        assert isinstance(upstream, LiteLLMUpstream)
+def test_the_litellm_extra_in_messages_is_the_one_pyproject_declares():
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    assert any(req.startswith("litellm") for req in extras["litellm"])
+    assert any("litellm" in req for req in extras["dev"])  # so CI runs the LiteLLM tests below
+
+
+def test_choosing_an_upstream_does_not_import_litellm():
+    code = (
+        "import sys\n"
+        "from osmosis_ai.controller import upstream_from_model_path\n"
+        "upstream_from_model_path('openai/m', {'OPENAI_BASE_URL': 'http://127.0.0.1:9/v1'})\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'litellm'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+needs_litellm = pytest.mark.skipif(
+    not HAS_LITELLM, reason="needs the 'litellm' package (extra 'litellm')"
+)
+
+
+@pytest.fixture
+def offline_litellm(monkeypatch):
+    # LiteLLM fetches its model price list from the network when first imported unless told
+    # to use the copy it ships; these tests need no network.
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+
+
+def litellm_upstream(base_url: str) -> LiteLLMUpstream:
+    # hosted_vllm/ is LiteLLM's route to an OpenAI-compatible server at api_base.
+    upstream = upstream_from_model_path(
+        "hosted_vllm/policy", {}, extra_body={"api_base": base_url}, timeout=30.0
+    )
+    assert isinstance(upstream, LiteLLMUpstream)
+    return upstream
+
+
+@needs_litellm
+async def test_litellm_upstream_completes_and_streams_through_an_openai_compatible_server(
+    offline_litellm,
+):
+    turns = [ScriptedTurn(content="via litellm"), ScriptedTurn(content="streamed reply")]
+    async with ScriptedModelServer(turns, record_requests=True) as server:
+        upstream = litellm_upstream(server.base_url)
         assert upstream.target == "litellm:hosted_vllm/policy"
-        raw = await upstream.complete(user("hi"))
-        assert json.loads(raw)["choices"][0]["message"]["content"] == "via litellm"
-        payloads = [p async for p in upstream.stream(user("hi"))]
-        assert payloads
+        raw = await upstream.complete({**user("hi"), "temperature": 0.5})
+        reply = json.loads(raw)
+        assert reply["choices"][0]["message"] == {
+            **reply["choices"][0]["message"],
+            "role": "assistant",
+            "content": "via litellm",
+        }
+        assert reply["choices"][0]["finish_reason"] == "stop"
+        history = [*user("hi")["messages"], {"role": "assistant", "content": "via litellm"}]
+        body = {"messages": [*history, {"role": "user", "content": "again"}]}
+        payloads = [p async for p in upstream.stream(body)]
+        await upstream.aclose()
+    chunks = [json.loads(p) for p in payloads if p]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "streamed reply"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    first, second = server.requests
+    assert first.path == second.path == "/v1/chat/completions"
+    assert first.body["model"] == "policy" and first.body["temperature"] == 0.5
+    assert first.body["messages"] == user("hi")["messages"]
+    assert second.body["stream"] is True
+    assert second.body["messages"][-1] == {"role": "user", "content": "again"}
+
+
+@needs_litellm
+async def test_litellm_upstream_preflight_passes(offline_litellm):
+    async with ScriptedModelServer(["ok"], on_exhausted="repeat_last") as server:
+        preflight = await litellm_upstream(server.base_url).preflight()
+    assert preflight.model == "hosted_vllm/policy"
+    assert preflight.target == "litellm:hosted_vllm/policy"
+    assert not preflight.rate_limited
+
+
+@needs_litellm
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(401, UpstreamAuthError), (404, UpstreamNotFoundError), (400, UpstreamRequestError)],
+)
+async def test_litellm_upstream_errors_keep_the_provider_status_and_message(
+    offline_litellm, status: int, kind: type[UpstreamError]
+):
+    turn = ScriptedTurn(status_code=status, error=f"scripted refusal {status}")
+    async with ScriptedModelServer([turn], on_exhausted="repeat_last") as server:
+        upstream = litellm_upstream(server.base_url)
+        with pytest.raises(kind) as caught:
+            await upstream.complete(user("hi"))
+        with pytest.raises(kind):
+            async for _ in upstream.stream(user("hi")):
+                pass
+    assert caught.value.status_code == status
+    assert f"scripted refusal {status}" in (caught.value.provider_message or "")
+
+
+@needs_litellm
+async def test_litellm_upstream_that_reaches_nobody_is_a_connection_error(offline_litellm):
+    upstream = litellm_upstream(f"http://127.0.0.1:{free_port()}/v1")
+    with pytest.raises(UpstreamConnectionError, match="could not reach hosted_vllm/policy"):
+        await upstream.complete(user("hi"))

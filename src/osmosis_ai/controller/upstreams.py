@@ -41,6 +41,9 @@ OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _DRAIN_TIMEOUT_SEC = 0.25
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _LITELLM_CONNECTION_ERRORS = ("APIConnectionError", "Timeout", "ServiceUnavailableError")
+# Names, anywhere in an exception's causes, of a call that got no HTTP answer: LiteLLM reports
+# a refused connection to some providers as InternalServerError (500) caused by one of these.
+_NO_ANSWER_ERRORS = ("ConnectError", "ConnectionError", "ConnectorError", "Timeout")
 
 
 class OpenAICompatibleUpstream:
@@ -204,7 +207,7 @@ class LiteLLMUpstream:
         name = type(exc).__name__
         message = str(getattr(exc, "message", None) or exc)
         status = getattr(exc, "status_code", None)
-        if any(part in name for part in _LITELLM_CONNECTION_ERRORS):
+        if any(part in name for part in _LITELLM_CONNECTION_ERRORS) or _got_no_answer(exc):
             return UpstreamConnectionError(
                 f"LiteLLM could not reach {self._model}: {name}: {message}",
                 url=self.target,
@@ -241,6 +244,19 @@ class LiteLLMUpstream:
 
     async def aclose(self) -> None:
         return None
+
+
+def _got_no_answer(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ConnectionError | TimeoutError):
+            return True
+        if any(part in type(cause).__name__ for part in _NO_ANSWER_ERRORS):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def upstream_from_model_path(
