@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from osmosis_ai.rollout import LocalBackend
+from osmosis_ai.rollout.client import RolloutClient
 from osmosis_ai.rollout.server.execution import RolloutRunner
 from osmosis_ai.rollout.server.registry import Registry
 from osmosis_ai.testing import CallbackReceiver
@@ -101,14 +102,13 @@ async def test_tool_rollout_with_callbacks_and_report(artifact_root):
         async with httpx.AsyncClient() as client:
             response = await client.post(f"{url}/rollout", json=body)
             assert (response.status_code, response.json()) == (202, {})
-            grader = await asyncio.wait_for(receiver.wait_for("t1", "grader"), 10)
+            grader = await asyncio.wait_for(receiver.wait_for("t1", "grader"), 30)
             completion = receiver.body("t1", "completion")
             status = (await client.get(f"{url}/rollout/t1/status")).json()
+            # the trajectory (with the acks' report) is saved after the callbacks, before the
+            # rollout's task ends
+            await RolloutClient(url, http_client=client).wait_idle(poll_interval_sec=0.02)
         path = artifact_root / "t1" / "trajectory.json"
-        for _ in range(200):
-            if path.exists():
-                break
-            await asyncio.sleep(0.02)
     assert completion == {
         "status": "success",
         "rollout_id": "t1",
@@ -136,7 +136,7 @@ async def test_minted_id_duplicates_and_no_grader_url(artifact_root):
             url, receiver_url, receiver, None, "http://127.0.0.1:9/v1"
         )
         assert minted.status_code == 202
-        grader = await asyncio.wait_for(receiver.wait_for("minted", "grader"), 10)
+        grader = await asyncio.wait_for(receiver.wait_for("minted", "grader"), 30)
         assert grader["rollout_id"] is None  # the server's own id is not echoed back
         for _ in range(2):  # the callback generation never de-duplicated ids
             receiver.forget("dup")
@@ -144,7 +144,7 @@ async def test_minted_id_duplicates_and_no_grader_url(artifact_root):
                 url, receiver_url, receiver, "dup", "http://127.0.0.1:9/v1", grade=False
             )
             assert again.status_code == 202
-            done = await asyncio.wait_for(receiver.wait_for("dup", "completion"), 10)
+            done = await asyncio.wait_for(receiver.wait_for("dup", "completion"), 30)
             assert done["status"] == "success"
         assert [c.kind for c in receiver.calls if c.rollout_id == "dup"] == [
             "completion",
@@ -159,7 +159,7 @@ async def test_failed_workflow_still_gets_a_grader_callback(artifact_root):
         await run_callback_rollout(
             url, receiver_url, receiver, "f", "http://127.0.0.1:9/v1", metadata={"raise": "nope"}
         )
-        grader = await asyncio.wait_for(receiver.wait_for("f", "grader"), 10)
+        grader = await asyncio.wait_for(receiver.wait_for("f", "grader"), 30)
         completion = receiver.body("f", "completion")
     assert completion["status"] == "failure" and completion["err_message"] == "nope"
     assert grader == {
@@ -177,7 +177,7 @@ async def test_callbacks_are_retried_on_503(artifact_root):
     backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
     async with serve_in_task(flaky) as receiver_url, rollout_server(backend) as url:
         await run_callback_rollout(url, receiver_url, receiver, "retry", "http://127.0.0.1:9/v1")
-        grader = await asyncio.wait_for(receiver.wait_for("retry", "grader"), 15)
+        grader = await asyncio.wait_for(receiver.wait_for("retry", "grader"), 30)
     assert flaky.refused == 2
     assert grader["status"] == "success"
 
@@ -189,7 +189,7 @@ async def test_removed_sample_reward_is_nulled_on_the_wire(artifact_root):
         await run_callback_rollout(
             url, receiver_url, receiver, "rm", "http://127.0.0.1:9/v1", metadata={"remove": True}
         )
-        grader = await asyncio.wait_for(receiver.wait_for("rm", "grader"), 10)
+        grader = await asyncio.wait_for(receiver.wait_for("rm", "grader"), 30)
     assert grader["status"] == "success"
     assert grader["sample"]["remove_sample"] is True and grader["sample"]["reward"] is None
 

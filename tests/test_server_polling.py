@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
 
 from osmosis_ai.rollout import (
+    AgentWorkflow,
     ExecutionBackend,
     ExecutionResult,
+    Grader,
     LocalBackend,
     RolloutStatus,
 )
 from osmosis_ai.rollout.server import create_rollout_server
+from osmosis_ai.rollout.server import registry as registry_module
 from osmosis_ai.rollout.server.app import ServerOptionError
 from osmosis_ai.testing.model_server import ScriptedModelServer
 from rollouts import (
@@ -41,6 +47,61 @@ async def submit(client: httpx.AsyncClient, body: dict) -> str:
     response = await client.post("/rollout", json=body)
     assert response.status_code == 202, response.text
     return response.json()["polling_lease_token"]
+
+
+# Gates the test opens to move a rollout on, instead of sleeps it hopes are long enough.
+# The server runs on the test's event loop, so its workflows share them.
+GATES: dict[str, asyncio.Event] = {}
+
+
+def gate(name: str) -> asyncio.Event:
+    return GATES.setdefault(name, asyncio.Event())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gates():
+    GATES.clear()
+    yield
+    for event in GATES.values():
+        event.set()  # nothing is left waiting for a test that has ended
+
+
+class Gated(AgentWorkflow):
+    """Answers once the gate named by ``metadata["gate"]`` (if any) opens."""
+
+    async def run(self, ctx):
+        meta = ctx.metadata or {}
+        if "gate" in meta:
+            await gate(meta["gate"]).wait()
+        return [*ctx.prompt, {"role": "assistant", "content": "#### 42"}]
+
+
+class GatedGrader(Grader):
+    """Rewards 1.0 once the gate named by ``metadata["grade_gate"]`` (if any) opens."""
+
+    async def grade(self, ctx):
+        meta = ctx.metadata or {}
+        if "grade_gate" in meta:
+            await gate(meta["grade_gate"]).wait()
+        ctx.set_reward(1.0)
+
+
+async def until(probe: Callable[[], Any], ready: Callable[[Any], bool]) -> Any:
+    """Ask ``probe`` until its answer is ``ready``; returns that answer."""
+    async with asyncio.timeout(30):  # a guard against a hang, not a speed requirement
+        while True:
+            answer = await probe()
+            if ready(answer):
+                return answer
+            await asyncio.sleep(0.01)
+
+
+async def status_of(client: httpx.AsyncClient, rollout_id: str) -> str:
+    return (await client.get(f"/rollout/{rollout_id}/status")).json()["status"]
+
+
+async def health(client: httpx.AsyncClient) -> dict[str, Any]:
+    return (await client.get("/health")).json()
 
 
 async def test_tool_calling_rollout_end_to_end(model, artifact_root):
@@ -90,44 +151,56 @@ async def test_tool_calling_rollout_end_to_end(model, artifact_root):
 
 
 async def test_progress_statuses_are_reported(artifact_root):
-    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+    backend = LocalBackend(workflow=Gated, grader=GatedGrader)
     async with (
         rollout_server(backend, result_wait_timeout_sec=5) as url,
-        httpx.AsyncClient(base_url=url) as client,
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
     ):
-        lease = await submit(
-            client,
-            init_body("p", "http://127.0.0.1:9/v1", metadata={"sleep": 0.2, "grader_sleep": 0.2}),
-        )
-        await asyncio.sleep(0.05)
-        assert (await client.get("/rollout/p/status")).json()["status"] == "running"
+        gates = {"gate": "p-agent", "grade_gate": "p-grade"}
+        lease = await submit(client, init_body("p", "http://127.0.0.1:9/v1", metadata=gates))
+        await until(lambda: status_of(client, "p"), lambda status: status == "running")
+        polling = asyncio.create_task(client.get("/rollout/p/result", headers={LEASE: lease}))
+        await asyncio.sleep(0.1)  # the poll reaches the server while the rollout runs
+        gate("p-agent").set()
+        # that poll returns at grading; had it come later, it would return grading at its
+        # wait timeout: grading either way, as the grader is held
+        waiting = (await polling).json()
+        gate("p-grade").set()
         result = await poll_until_done(client, "p", lease)
-    assert result["_seen"] == ["grading", "success"]  # each poll returns at a status change
+    assert waiting["status"] == "grading" and waiting["sample"] is None
+    assert result["_seen"] == ["success"]  # each poll returns at a status change
 
 
-async def test_a_quick_grade_answers_the_waiting_poll_with_the_result(artifact_root):
-    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
+async def test_a_quick_grade_answers_the_waiting_poll_with_the_result(artifact_root, monkeypatch):
+    # A wide coalescing window, so that a grade of no work is quick on a loaded machine too.
+    monkeypatch.setattr(registry_module, "PROGRESS_COALESCE_SEC", 1.0)
+    backend = LocalBackend(workflow=Gated, grader=GatedGrader)
     async with (
         rollout_server(backend, result_wait_timeout_sec=5) as url,
         httpx.AsyncClient(base_url=url) as client,
     ):
         lease = await submit(
-            client, init_body("q", "http://127.0.0.1:9/v1", metadata={"sleep": 0.3})
+            client, init_body("q", "http://127.0.0.1:9/v1", metadata={"gate": "q"})
         )
+        await until(lambda: status_of(client, "q"), lambda status: status == "running")
+        polling = asyncio.create_task(poll_until_done(client, "q", lease))
+        await asyncio.sleep(0.1)  # the poll reaches the server (a later one proves less)
+        gate("q").set()
         # grading then success within the coalescing window: the poll gets the result,
         # never a grading answer that would cost a second poll
-        result = await poll_until_done(client, "q", lease)
+        result = await polling
         assert "grading" not in result["_seen"] and result["_seen"][-1] == "success"
-        # a poll that begins after a change (here within its coalescing window) is not
-        # woken by it
+
+        # a poll that begins after a change, within its coalescing window, is not woken
+        # when the window ends
         lease = await submit(
-            client, init_body("w", "http://127.0.0.1:9/v1", metadata={"sleep": 0.3})
+            client, init_body("w", "http://127.0.0.1:9/v1", metadata={"gate": "w"})
         )
-        for _ in range(2000):  # the status of a rollout in another task: polled, up to ~4 s
-            if (await client.get("/rollout/w/status")).json()["status"] == "running":
-                break
-            await asyncio.sleep(0.002)
-        result = await poll_until_done(client, "w", lease)
+        await until(lambda: status_of(client, "w"), lambda status: status == "running")
+        polling = asyncio.create_task(poll_until_done(client, "w", lease))
+        await asyncio.sleep(1.2)  # past the window, whose wake the poll must sleep through
+        gate("w").set()
+        result = await polling
         assert result["_seen"] == ["success"]
 
 
@@ -212,10 +285,14 @@ async def test_retention_then_id_is_free_again(artifact_root):
         rollout_server(backend, result_retention_sec=0.2) as url,
         httpx.AsyncClient(base_url=url) as client,
     ):
+        admitted = time.monotonic()  # (before the server admits it, and so before it ends)
         lease = await submit(client, init_body("ret", "http://127.0.0.1:9/v1"))
         await poll_until_done(client, "ret", lease)
-        await asyncio.sleep(0.4)
-        assert (await client.get("/rollout/ret/result", headers={LEASE: lease})).status_code == 404
+        await until(
+            lambda: client.get("/rollout/ret/result", headers={LEASE: lease}),
+            lambda answer: answer.status_code == 404,
+        )
+        assert time.monotonic() - admitted >= 0.2  # not before the retention ran out
         await submit(client, init_body("ret", "http://127.0.0.1:9/v1"))
 
 
@@ -223,11 +300,16 @@ async def test_lease_expiry_cancels_the_rollout(artifact_root):
     backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
     options = {"result_wait_timeout_sec": 0.1, "polling_lease_timeout_sec": 0.3}
     async with rollout_server(backend, **options) as url, httpx.AsyncClient(base_url=url) as client:
+        admitted = time.monotonic()  # (before the server admits it)
         lease = await submit(
             client, init_body("le", "http://127.0.0.1:9/v1", metadata={"sleep": 30})
         )
-        await asyncio.sleep(0.6)
-        status = (await client.get("/rollout/le/status")).json()
+        status = await until(
+            lambda: client.get("/rollout/le/status"),
+            lambda answer: answer.json()["status"] not in ("queued", "running"),
+        )
+        assert time.monotonic() - admitted >= 0.3  # not before the lease ran out
+        status = status.json()
         assert status["status"] == "failure" and status["err_message"] == "polling lease expired"
         result = (await client.get("/rollout/le/result", headers={LEASE: lease})).json()
         assert result == {
@@ -237,20 +319,27 @@ async def test_lease_expiry_cancels_the_rollout(artifact_root):
             "err_message": "polling lease expired",
             "err_category": "lease_expired",
         }
-        await asyncio.sleep(0.05)
-        health = (await client.get("/health")).json()
-        assert health["lifecycle"]["active_rollouts"] == 0  # execution was cancelled
+        # execution was cancelled
+        await until(lambda: health(client), lambda body: body["lifecycle"]["active_rollouts"] == 0)
         assert backend.rollout_status("le")["status"] == "cancelled"  # type: ignore[index]
 
 
 async def test_polling_keeps_the_lease_alive(artifact_root):
-    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
-    options = {"result_wait_timeout_sec": 0.1, "polling_lease_timeout_sec": 0.3}
+    backend = LocalBackend(workflow=Gated, grader=GatedGrader)
+    # a poll returns within 0.2 s; the next may come up to 0.8 s after it, on a slow machine
+    options = {"result_wait_timeout_sec": 0.2, "polling_lease_timeout_sec": 1.0}
     async with rollout_server(backend, **options) as url, httpx.AsyncClient(base_url=url) as client:
-        lease = await submit(
-            client, init_body("alive", "http://127.0.0.1:9/v1", metadata={"sleep": 0.8})
-        )
+        body = init_body("alive", "http://127.0.0.1:9/v1", metadata={"gate": "alive"})
+        lease = await submit(client, body)
+        admitted = time.monotonic()
+        polls = 0
+        while time.monotonic() - admitted < 2.5:  # outlive the lease more than twice over
+            answer = await client.get("/rollout/alive/result", headers={LEASE: lease})
+            assert answer.json()["status"] in ("queued", "running"), answer.text
+            polls += 1
+        gate("alive").set()
         result = await poll_until_done(client, "alive", lease)
+    assert polls >= 3
     assert result["status"] == "success"
 
 
@@ -262,7 +351,9 @@ async def test_cancel_selectors_and_dispositions(artifact_root):
             leases[rid] = await submit(
                 client, init_body(rid, "http://127.0.0.1:9/v1", metadata={"sleep": 30})
             )
-        await asyncio.sleep(0.1)
+        # one runs, two wait for it (max_concurrent=1)
+        await until(lambda: health(client), lambda body: body["concurrency"]["queued"] == 2)
+        assert await status_of(client, "job-a") == "running"
         for bad in ({}, {"ids": ["a"], "all": True}):
             response = await client.post("/rollout/cancel", json=bad)
             assert response.status_code == 422
@@ -318,9 +409,12 @@ async def test_queue_full_answers_429(artifact_root):
         workflow=ScriptedBehaviour, grader=MetadataGrader, max_concurrent=1, max_queue_depth=1
     )
     async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
-        await submit(client, init_body("q1", "http://127.0.0.1:9/v1", metadata={"sleep": 1}))
-        await submit(client, init_body("q2", "http://127.0.0.1:9/v1", metadata={"sleep": 1}))
-        await asyncio.sleep(0.05)
+        await submit(client, init_body("q1", "http://127.0.0.1:9/v1", metadata={"sleep": 30}))
+        await submit(client, init_body("q2", "http://127.0.0.1:9/v1", metadata={"sleep": 30}))
+        await until(  # one runs and one waits: the queue of one is full
+            lambda: health(client),
+            lambda body: body["concurrency"] == {"max_concurrent": 1, "queued": 1, "running": 1},
+        )
         full = await client.post("/rollout", json=init_body("q3", "http://127.0.0.1:9/v1"))
         assert full.status_code == 429
         assert full.headers["retry-after"] == "5"
@@ -488,22 +582,25 @@ async def test_backend_crash_and_callback_only_backends(artifact_root):
 
 
 async def test_graceful_shutdown_drains_then_cancels(artifact_root):
-    backend = LocalBackend(workflow=ScriptedBehaviour, grader=MetadataGrader)
-    app = create_rollout_server(backend=backend, configure_logging=False, drain_timeout_sec=0.3)
+    backend = LocalBackend(workflow=Gated, grader=GatedGrader)
+    # the drain lets "quick" finish once its gate opens, and waits that long for "slow"
+    app = create_rollout_server(backend=backend, configure_logging=False, drain_timeout_sec=1.5)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://rollout") as client:
         lifespan = app.router.lifespan_context(app)
         await lifespan.__aenter__()
-        await submit(client, init_body("quick", "http://127.0.0.1:9/v1", metadata={"sleep": 0.1}))
-        await submit(client, init_body("slow", "http://127.0.0.1:9/v1", metadata={"sleep": 30}))
+        await submit(client, init_body("quick", "http://127.0.0.1:9/v1", metadata={"gate": "q"}))
+        await submit(client, init_body("slow", "http://127.0.0.1:9/v1", metadata={"gate": "s"}))
         stopping = asyncio.create_task(lifespan.__aexit__(None, None, None))
-        await asyncio.sleep(0.05)
+        await until(
+            lambda: health(client), lambda body: not body["lifecycle"]["accepting_rollouts"]
+        )
+        gate("q").set()  # it finishes during the drain
         refused = await client.post("/rollout", json=init_body("late", "http://127.0.0.1:9/v1"))
         assert (refused.status_code, refused.json()) == (
             503,
             {"detail": "rollout server is shutting down"},
         )
-        assert (await client.get("/health")).json()["lifecycle"]["accepting_rollouts"] is False
-        await asyncio.wait_for(stopping, 5)
+        await stopping
     assert backend.rollout_status("quick")["status"] == "success"  # type: ignore[index]
     assert backend.rollout_status("slow")["status"] == "cancelled"  # type: ignore[index]
