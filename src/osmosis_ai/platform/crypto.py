@@ -7,8 +7,9 @@ Two keys live in the data dir, each made on first start with mode 0600 and never
   from ``OSMOSIS_PLATFORM_SECRET_KEY`` (32 bytes, urlsafe base64, as printed by
   :func:`new_key_text`), so the database alone never holds enough to read a value.
 
-A stored value is ``v1.<nonce>.<ciphertext>`` (urlsafe base64). The secret's row id is
-bound in as associated data, so a ciphertext copied onto another row does not decrypt.
+A stored value is ``v1.<nonce>.<ciphertext>`` (urlsafe base64), bound (as associated data)
+to what the caller names: the platform binds a secret to its workspace, scope, owner and
+name, so a ciphertext copied onto another secret does not decrypt.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ ROUTERS: tuple[str, ...] = (
     "osmosis_ai.platform.api.workspaces",
     "osmosis_ai.platform.api.rollouts",
     "osmosis_ai.platform.api.datasets",
+    "osmosis_ai.platform.api.secrets",
     "osmosis_ai.platform.web.device",
 )
 
