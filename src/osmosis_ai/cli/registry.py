@@ -68,6 +68,11 @@ GROUPS: tuple[Group, ...] = (
     _group("secret", "Manage secrets stored on a platform.", PLATFORM),
     _group("benchmark", "List, submit and inspect benchmark runs.", PLATFORM),
     _group("benchmark runs", "Inspect and manage benchmark runs.", PLATFORM),
+    _group("platform", "Run and administer a self-hosted platform.", PLATFORM),
+    _group("platform user", "Manage the platform's users.", PLATFORM),
+    _group("platform workspace", "Manage workspaces and their members.", PLATFORM),
+    _group("platform token", "Create and revoke API tokens.", PLATFORM),
+    _group("platform model", "Register base models.", PLATFORM),
     _group("dev", "Developer tools.", PLATFORM, hidden=True),
     _group("dev server", "Remote rollout servers for development.", PLATFORM, hidden=True),
 )
@@ -122,6 +127,31 @@ COMMANDS: tuple[Command, ...] = (
     _cmd("benchmark runs logs", "Show a benchmark run's logs.", NEEDS_PLATFORM),
     _cmd("benchmark runs stop", "Stop a benchmark run.", NEEDS_PLATFORM),
     _cmd("benchmark runs download", "Download a benchmark run's outputs.", NEEDS_PLATFORM),
+    # Running a self-hosted platform: these work on its data dir, not over HTTP.
+    _cmd("platform serve", "Serve the platform (API and login page).", "platform_serve", PLATFORM),
+    _cmd("platform user create", "Add a user.", "platform_user_create", PLATFORM),
+    _cmd(
+        "platform workspace create",
+        "Create a workspace for a repository.",
+        "platform_workspace_create",
+        PLATFORM,
+    ),
+    _cmd(
+        "platform workspace add-member",
+        "Add a user to a workspace, or change their role.",
+        "platform_workspace_add_member",
+        PLATFORM,
+    ),
+    _cmd(
+        "platform token create",
+        "Create an API token (shown once).",
+        "platform_token_create",
+        PLATFORM,
+    ),
+    _cmd("platform token revoke", "Revoke an API token.", "platform_token_revoke", PLATFORM),
+    _cmd(
+        "platform model add", "Register a local Hugging Face model.", "platform_model_add", PLATFORM
+    ),
     _cmd("dev server up", "Start a remote rollout server.", NEEDS_PLATFORM),
     _cmd("dev server down", "Tear down a remote rollout server.", NEEDS_PLATFORM),
     _cmd("dev server list", "List remote rollout servers.", NEEDS_PLATFORM),

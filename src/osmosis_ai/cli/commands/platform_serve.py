@@ -1,0 +1,53 @@
+"""``osmosis platform serve``: run a self-hosted platform (API, device login page) here."""
+
+from __future__ import annotations
+
+import argparse
+
+from osmosis_ai.cli.output import Context, OperationResult, Result
+from osmosis_ai.cli.platform_admin import add_store_options, platform_errors, settings_from
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_store_options(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port to bind (default 8480)")
+    parser.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the address clients use and tokens are scoped to (default http://HOST:PORT)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="server log level (default info)",
+    )
+
+
+def run(args: argparse.Namespace, ctx: Context) -> Result:
+    from osmosis_ai.platform.server import serve
+
+    settings = settings_from(
+        args,
+        host=args.host,
+        port=args.port,
+        public_url=args.public_url,
+        use_saved_public_url=False,
+    )
+    if settings.host not in LOOPBACK:
+        ctx.warn(
+            "PLATFORM_EXPOSED",
+            f"Serving on {settings.host} over plain HTTP: tokens cross the network in clear "
+            "text. Put a TLS proxy in front and pass its address as --public-url.",
+        )
+    with platform_errors():
+        serve(settings, log_level=args.log_level)
+    return OperationResult(
+        operation="platform.serve",
+        status="success",
+        resource={"public_url": settings.public_url, "data_dir": str(settings.data_dir)},
+        message=f"The platform at {settings.public_url} stopped.",
+    )

@@ -1,0 +1,64 @@
+"""What the ``osmosis platform`` commands share: where the platform keeps its state, and how
+a platform error becomes the CLI's error code.
+
+Standard library at import; the platform's modules load when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Generator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from osmosis_ai.cli.errors import CLIError, CLIErrorCode
+
+if TYPE_CHECKING:
+    from osmosis_ai.platform.settings import PlatformSettings
+
+_CODES = {
+    400: CLIErrorCode.VALIDATION,
+    401: CLIErrorCode.AUTH_REQUIRED,
+    404: CLIErrorCode.NOT_FOUND,
+    409: CLIErrorCode.CONFLICT,
+    426: CLIErrorCode.UPGRADE_REQUIRED,
+}
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="the platform's data dir (default: $OSMOSIS_PLATFORM_DATA_DIR or ~/.osmosis/platform)",
+    )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="PostgreSQL instead of the data dir's SQLite file, e.g. "
+        "postgresql+psycopg://USER:PASSWORD@HOST/DB (default: $OSMOSIS_PLATFORM_DATABASE_URL)",
+    )
+
+
+def settings_from(args: argparse.Namespace, **overrides: object) -> PlatformSettings:
+    from osmosis_ai.platform.settings import load_settings
+
+    return load_settings(
+        data_dir=args.data_dir,
+        database_url=args.database_url,
+        **overrides,  # pyright: ignore[reportArgumentType]
+    )
+
+
+@contextmanager
+def platform_errors() -> Generator[None]:
+    """Report a platform error with the CLI code of its HTTP status (reference §3.3)."""
+    from osmosis_ai.platform.errors import PlatformError
+
+    try:
+        yield
+    except PlatformError as exc:
+        details: dict[str, object] = {"platform_code": exc.code, **exc.details}
+        if exc.field is not None:
+            details["field"] = exc.field
+        code = _CODES.get(exc.status_code, CLIErrorCode.PLATFORM_ERROR)
+        raise CLIError(code, exc.message, details) from exc
