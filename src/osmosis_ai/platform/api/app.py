@@ -41,6 +41,7 @@ ROUTERS: tuple[str, ...] = (
     "osmosis_ai.platform.api.rollouts",
     "osmosis_ai.platform.api.datasets",
     "osmosis_ai.platform.api.secrets",
+    "osmosis_ai.platform.api.models",
     "osmosis_ai.platform.web.device",
 )
 

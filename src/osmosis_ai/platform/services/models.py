@@ -1,16 +1,19 @@
-"""Models: registering a base model from a local Hugging Face model directory."""
+"""Models: base models registered from local Hugging Face model directories (visible to
+every workspace), and the LoRA models training runs produce (one workspace's each)."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest
-from osmosis_ai.platform.store.orm import Model
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
+from osmosis_ai.platform.services.paging import Page, offset_page
+from osmosis_ai.platform.store.orm import Model, User
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
 
@@ -65,3 +68,99 @@ def register_base_model(
     session.add(model)
     session.flush()
     return model
+
+
+# --- reading (the /api/cli/models routes) ------------------------------------------------------
+
+# How many LoRA models a workspace may serve at once on this platform.
+MAX_ACTIVE_DEPLOYMENTS = 4
+HF_BASE_URL = "https://huggingface.co"
+
+
+class ModelNotFound(NotFound):
+    default_code = "MODEL_NOT_FOUND"
+
+
+def _visible_base(workspace_id: str) -> Select[Model]:
+    return select(Model).where(
+        Model.kind == "base",
+        or_(Model.workspace_id.is_(None), Model.workspace_id == workspace_id),
+    )
+
+
+def list_base_models(
+    session: Session, workspace_id: str, *, limit: int, offset: int
+) -> Page[Model]:
+    """Base models every workspace sees, and this workspace's own, by name."""
+    query = _visible_base(workspace_id).order_by(Model.name)
+    return offset_page(session, query, limit, offset)
+
+
+def get_base_model(session: Session, workspace_id: str, name_or_path: str) -> Model:
+    """A base model by its name, or by the Hugging Face path it was made from."""
+    query = _visible_base(workspace_id)
+    found = session.scalar(query.where(Model.name == name_or_path))
+    if found is None:
+        found = session.scalar(query.where(Model.base_model == name_or_path).order_by(Model.name))
+    if found is None:
+        raise ModelNotFound(
+            f"No base model {name_or_path!r}; list them with osmosis model list --type base. "
+            "An admin adds one with: osmosis platform model add NAME --path DIR"
+        )
+    return found
+
+
+def list_lora_models(
+    session: Session, workspace_id: str, *, limit: int, offset: int
+) -> Page[Model]:
+    """The workspace's LoRA models (made by its training runs), newest first."""
+    query = (
+        select(Model)
+        .where(Model.kind == "lora", Model.workspace_id == workspace_id)
+        .order_by(Model.created_at.desc(), Model.id.desc())
+    )
+    return offset_page(session, query, limit, offset)
+
+
+def active_deployments(session: Session, workspace_id: str) -> int:
+    """LoRA models of the workspace being served now (none until deployment exists)."""
+    del session, workspace_id
+    return 0
+
+
+def get_lora_model(session: Session, workspace_id: str, name: str) -> Model:
+    found = session.scalar(
+        select(Model).where(
+            Model.kind == "lora", Model.workspace_id == workspace_id, Model.name == name
+        )
+    )
+    if found is None:
+        base = session.scalar(_visible_base(workspace_id).where(Model.name == name))
+        hint = (
+            f"{name!r} is a base model: see osmosis model list --type base"
+            if base is not None
+            else "list them with osmosis model list --type lora"
+        )
+        raise ModelNotFound(f"No LoRA model {name!r} in this workspace; {hint}")
+    return found
+
+
+def model_config(model: Model) -> dict[str, object]:
+    """The model directory's ``config.json`` (empty when it can no longer be read)."""
+    try:
+        return check_model_dir(Path(model.path))
+    except InvalidRequest:
+        return {}
+
+
+def hf_url(model: Model) -> str | None:
+    """The Hugging Face page of the model a base model was made from, when it names one."""
+    origin = model.base_model or ""
+    return f"{HF_BASE_URL}/{origin}" if "/" in origin and not origin.startswith("/") else None
+
+
+def creator_names(session: Session, models: Sequence[Model]) -> dict[str, str]:
+    ids = {m.creator_id for m in models if m.creator_id}
+    if not ids:
+        return {}
+    return {u.id: u.name or u.email for u in session.scalars(select(User).where(User.id.in_(ids)))}

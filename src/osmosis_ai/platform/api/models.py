@@ -1,0 +1,155 @@
+"""``/api/cli/models``: base models (``/base``, ``/base/{name_or_path}``) and the LoRA models
+training produces (``/lora``, ``/{name}``). A thin layer over
+:mod:`osmosis_ai.platform.services.models`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from osmosis_ai.platform.api.deps import PlatformDep, WorkspaceDep
+from osmosis_ai.platform.api.wire import WireModel
+from osmosis_ai.platform.services import models as service
+from osmosis_ai.platform.services.paging import MAX_PAGE
+from osmosis_ai.platform.store.orm import Model
+
+router = APIRouter(prefix="/api/cli/models", tags=["models"])
+
+
+class BaseModelOut(WireModel):
+    id: str
+    model_name: str
+    base_model: str | None = None
+    creator_name: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class BaseModelDetailOut(BaseModelOut):
+    namespace: str = ""
+    parameters: int | None = None
+    context_window: int | None = None
+    hf_url: str | None = None
+    platform_url: str | None = None
+
+
+class BaseModelsPageOut(WireModel):
+    models: list[BaseModelOut]
+    total_count: int
+    has_more: bool
+    next_offset: int | None = None
+
+
+class LoraModelOut(WireModel):
+    id: str
+    model_name: str
+    base_model: str | None = None
+    training_run_name: str | None = None
+    checkpoint_step: int | None = None
+    reward: float | None = None
+    deployment_status: str = "inactive"
+    deployed_at: datetime | None = None
+    deployed_by: str | None = None
+    created_at: datetime
+
+
+class LoraModelDetailOut(LoraModelOut):
+    hf_upload_status: str = ""
+    hf_url: str | None = None
+    uploaded_by: str | None = None
+    inference_model: str | None = None
+    platform_url: str | None = None
+
+
+class LoraModelsPageOut(WireModel):
+    models: list[LoraModelOut]
+    total_count: int
+    has_more: bool
+    next_offset: int | None = None
+    active_deployments: int
+    max_active_deployments: int
+
+
+def _base_out(model: Model, creators: dict[str, str]) -> BaseModelOut:
+    return BaseModelOut(
+        id=model.id,
+        model_name=model.name,
+        base_model=model.base_model,
+        creator_name=creators.get(model.creator_id or ""),
+        created_at=model.created_at,
+        updated_at=model.updated_at,
+    )
+
+
+def _lora_out(model: Model) -> LoraModelOut:
+    return LoraModelOut(
+        id=model.id,
+        model_name=model.name,
+        base_model=model.base_model,
+        created_at=model.created_at,
+    )
+
+
+@router.get("/base")
+def list_base_models(
+    platform: PlatformDep,
+    workspace: WorkspaceDep,
+    limit: Annotated[int, Query()] = MAX_PAGE,
+    offset: Annotated[int, Query()] = 0,
+) -> BaseModelsPageOut:
+    with platform.transaction() as session:
+        page = service.list_base_models(session, workspace.id, limit=limit, offset=offset)
+        creators = service.creator_names(session, page.items)
+    return BaseModelsPageOut(
+        models=[_base_out(m, creators) for m in page.items],
+        total_count=page.total_count,
+        has_more=page.has_more,
+        next_offset=page.next_offset,
+    )
+
+
+@router.get("/lora")
+def list_lora_models(
+    platform: PlatformDep,
+    workspace: WorkspaceDep,
+    limit: Annotated[int, Query()] = MAX_PAGE,
+    offset: Annotated[int, Query()] = 0,
+) -> LoraModelsPageOut:
+    with platform.transaction() as session:
+        page = service.list_lora_models(session, workspace.id, limit=limit, offset=offset)
+        active = service.active_deployments(session, workspace.id)
+    return LoraModelsPageOut(
+        models=[_lora_out(m) for m in page.items],
+        total_count=page.total_count,
+        has_more=page.has_more,
+        next_offset=page.next_offset,
+        active_deployments=active,
+        max_active_deployments=service.MAX_ACTIVE_DEPLOYMENTS,
+    )
+
+
+@router.get("/base/{name_or_path:path}")
+def get_base_model(
+    name_or_path: str, platform: PlatformDep, workspace: WorkspaceDep
+) -> BaseModelDetailOut:
+    with platform.transaction() as session:
+        model = service.get_base_model(session, workspace.id, name_or_path)
+        creators = service.creator_names(session, [model])
+    config = service.model_config(model)
+    origin = model.base_model or model.name
+    context = config.get("max_position_embeddings")
+    return BaseModelDetailOut(
+        **_base_out(model, creators).model_dump(),
+        namespace=origin.split("/", 1)[0] if "/" in origin else "",
+        context_window=context if isinstance(context, int) else None,
+        hf_url=service.hf_url(model),
+    )
+
+
+@router.get("/{name}")
+def get_lora_model(name: str, platform: PlatformDep, workspace: WorkspaceDep) -> LoraModelDetailOut:
+    with platform.transaction() as session:
+        model = service.get_lora_model(session, workspace.id, name)
+    return LoraModelDetailOut(**_lora_out(model).model_dump())
