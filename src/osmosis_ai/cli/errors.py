@@ -90,6 +90,9 @@ def _from_library_error(exc: OsmosisError) -> CLIError:
     from osmosis_ai.errors import ConfigError, MissingExtraError, UsageError
     from osmosis_ai.workspace import ConfigValidationError, WorkspaceNotFoundError
 
+    client_error = _platform_client_error(exc)
+    if client_error is not None:
+        return client_error
     if isinstance(exc, ConfigValidationError):
         return CLIError(CLIErrorCode.VALIDATION, str(exc), exc.details())
     if isinstance(exc, WorkspaceNotFoundError):
@@ -101,3 +104,18 @@ def _from_library_error(exc: OsmosisError) -> CLIError:
         return CLIError(CLIErrorCode.VALIDATION, str(exc))
     # A deliberate message from a failure outside the user's input (e.g. a protocol error).
     return CLIError(CLIErrorCode.INTERNAL, str(exc), {"exception_type": type(exc).__name__})
+
+
+def _platform_client_error(exc: OsmosisError) -> CLIError | None:
+    """A platform client failure already names its CLI code (reference §3.3)."""
+    import sys
+
+    # Only a platform command can raise one, and it has imported the client already.
+    if "osmosis_ai.platform.client" not in sys.modules:
+        return None
+    from osmosis_ai.platform.client import PlatformClientError
+
+    if not isinstance(exc, PlatformClientError):
+        return None
+    code = exc.code if exc.code in CLIErrorCode.__members__ else CLIErrorCode.PLATFORM_ERROR
+    return CLIError(code, exc.message, dict(exc.details))
