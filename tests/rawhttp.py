@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "RawServer"], Awaitable[None]]
 
@@ -19,6 +22,10 @@ class RawServer:
     url: str = ""
     connections: int = 0
     requests: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    @property
+    def origin(self) -> str:
+        return self.url.removesuffix("/v1/chat/completions")
 
     async def read_request(self, reader: asyncio.StreamReader) -> bool:
         try:
@@ -34,7 +41,7 @@ class RawServer:
 
 
 @contextlib.asynccontextmanager
-async def raw_server(handler: Handler) -> AsyncIterator[RawServer]:
+async def raw_server(handler: Handler) -> AsyncGenerator[RawServer]:
     server = RawServer(handler)
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -112,6 +119,18 @@ async def first_connection_dies_when_idle(
     await reader.read()
 
 
+async def second_request_kills_the_connection(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+) -> None:
+    """Every connection answers ``answer`` once; its next request is read, then the
+    connection is closed unanswered (as a server dying, or timing out an idle connection
+    just as a request arrives)."""
+    await server.read_request(reader)
+    writer.write(ok(b"answer"))
+    await writer.drain()
+    await server.read_request(reader)
+
+
 def first_answer_stalls(start: bytes, then: bytes) -> Handler:
     """The first connection gets ``start`` (a head and part of its body) and nothing more;
     later connections get ``ok(then)``."""
@@ -138,3 +157,59 @@ def answers_then_closes(reply: bytes) -> Handler:
         await writer.drain()
 
     return handler
+
+
+Lost = Literal["before", "after"]
+
+
+def forwards_to(upstream: str, lose: Callable[[bytes], Lost | None]) -> Handler:
+    """A keep-alive front for the real server at ``upstream``: each request is forwarded
+    and its answer relayed, except where ``lose(request head)`` says to close the client's
+    connection unanswered, ``"before"`` forwarding it (the server never saw it) or
+    ``"after"`` (the server acted on it; its answer is thrown away)."""
+
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
+    ) -> None:
+        async with httpx.AsyncClient(base_url=upstream) as client:
+            while await server.read_request(reader):
+                head, body = server.requests[-1]
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _ = lines[0].split(" ")
+                skip = ("host", "content-length", "connection", "accept-encoding")
+                headers = [
+                    (name.strip(), value.strip())
+                    for name, _, value in (line.partition(":") for line in lines[1:] if line)
+                    if name.strip().lower() not in skip
+                ]
+                lost = lose(head)
+                if lost == "before":
+                    return
+                answer = await client.request(method, target, headers=headers, content=body)
+                if lost == "after":
+                    return
+                relayed = b"".join(
+                    b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
+                    for name, value in answer.headers.items()
+                    if name.lower() in ("content-type", "retry-after")
+                )
+                writer.write(
+                    b"HTTP/1.1 %d X\r\n%scontent-length: %d\r\n\r\n%s"
+                    % (answer.status_code, relayed, len(answer.content), answer.content)
+                )
+                await writer.drain()
+
+    return handler
+
+
+def first_submit(when: Lost) -> Callable[[bytes], Lost | None]:
+    """For :func:`forwards_to`: lose the first ``POST /rollout``, ``when`` forwarding it."""
+    lost: list[bytes] = []
+
+    def lose(head: bytes) -> Lost | None:
+        if head.startswith(b"POST /rollout ") and not lost:
+            lost.append(head)
+            return when
+        return None
+
+    return lose

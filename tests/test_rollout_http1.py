@@ -10,9 +10,15 @@ import importlib.util
 import httpx
 import pytest
 
+from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.client import RolloutClient
 from osmosis_ai.rollout.http import aclose_shared_transport, async_client, post_json
-from osmosis_ai.rollout.http1 import LeanTransport, split_url
+from osmosis_ai.rollout.http1 import (
+    IDEMPOTENT_EXTENSION,
+    LeanTransport,
+    RemoteProtocolError,
+    split_url,
+)
 from rawhttp import (
     RawServer,
     answers,
@@ -21,6 +27,7 @@ from rawhttp import (
     first_connection_dies_when_idle,
     ok,
     raw_server,
+    second_request_kills_the_connection,
     streams_in_two,
 )
 
@@ -96,10 +103,41 @@ async def test_an_unread_body_closes_its_connection_instead_of_reusing_it():
     assert server.connections == 2
 
 
-async def test_a_stale_pooled_connection_is_retried_on_a_fresh_one():
+async def test_a_stale_pooled_connection_is_retried_on_a_fresh_one_for_idempotent_requests():
     async with raw_server(first_connection_dies_when_idle) as server, async_client() as client:
         assert (await client.post(server.url, content=b"1")).text == "answer"
-        assert (await client.post(server.url, content=b"2")).text == "answer"
+        assert (await client.get(server.url)).text == "answer"
+    assert server.connections == 2
+    assert [head.split(b" ")[0] for head, _ in server.requests] == [b"POST", b"GET", b"GET"]
+
+    # A POST is sent again only when its caller declares it idempotent.
+    declared = {IDEMPOTENT_EXTENSION: True}
+    async with raw_server(first_connection_dies_when_idle) as server, async_client() as client:
+        assert (await client.post(server.url, content=b"1")).text == "answer"
+        second = await client.post(server.url, content=b"2", extensions=declared)
+        assert second.text == "answer"
+    assert [body for _, body in server.requests] == [b"1", b"2", b"2"]
+
+
+async def test_a_post_is_not_sent_again_when_a_reused_connection_closes_unanswered():
+    limits = httpx.Timeout(5).as_dict()
+    async with (
+        raw_server(second_request_kills_the_connection) as server,
+        async_client() as client,
+    ):
+        assert (await client.post(server.url, content=b"1")).text == "answer"
+        with pytest.raises(httpx.RemoteProtocolError, match="not idempotent") as caught:
+            await client.post(server.url, content=b"2")
+        assert isinstance(caught.value.__cause__, RemoteProtocolError)
+        assert "before answering" in str(caught.value)
+        transport = client._transport  # pyright: ignore[reportPrivateUsage]
+        assert isinstance(transport, LeanTransport)
+        quick = await transport.quick("POST", server.url, headers={}, content=b"3", timeouts=limits)
+        assert quick.text == "answer"
+        with pytest.raises(httpx.RemoteProtocolError, match="not idempotent"):
+            await transport.quick("POST", server.url, headers={}, content=b"4", timeouts=limits)
+    # each POST reached the server once: the second and fourth died with their connections
+    assert [body for _, body in server.requests] == [b"1", b"2", b"3", b"4"]
     assert server.connections == 2
 
 
@@ -299,7 +337,24 @@ def test_split_url_parses_the_origin_and_keeps_the_target(
     assert "@" not in authority
 
 
-@pytest.mark.parametrize("url", ["https://h/x", "ftp://h", "http:///x", "h:80/x"])
+@pytest.mark.parametrize("url", ["https://h/x", "ftp://h", "http:///x", "h:80/x", "http://h:x/"])
 def test_split_url_refuses_anything_but_http_with_a_host(url: str) -> None:
-    with pytest.raises(ValueError, match="is not an http:// URL with a host"):
+    with pytest.raises(UsageError, match="is not an http:// URL with a host"):
         split_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://h/rollout\n",
+        "http://h/a b",
+        "http://h/\r\nx-injected: 1",
+        "http://h/\x00",
+        "http://h/é",
+        "http://user:s3cret@h/x\n",
+    ],
+)
+def test_split_url_refuses_what_cannot_be_a_request_target(url: str) -> None:
+    with pytest.raises(UsageError, match="space, control or non-ASCII") as caught:
+        split_url(url)
+    assert "s3cret" not in str(caught.value)
