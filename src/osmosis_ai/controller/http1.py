@@ -1,8 +1,8 @@
 """A lean HTTP/1.1 client for the proxy's hop to a plain-``http`` upstream (vLLM, SGLang, a
-local server): the request head built once, one write per call, on the keep-alive pools of
-:class:`~osmosis_ai.rollout.http1.LeanTransport` (answers parsed as they arrive, gzip and
-deflate decoded). It does one job, at about a quarter of aiohttp's cost per request, which
-was most of the proxy's overhead on a model call.
+local server): the request head built (and checked) once, one write per call, on the
+keep-alive pools of :class:`~osmosis_ai.rollout.http1.LeanTransport` (answers parsed by
+llhttp as they arrive, gzip and deflate decoded). It does one job, at about a quarter of
+aiohttp's cost per request, which was most of the proxy's overhead on a model call.
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ from collections.abc import Mapping
 import httpx
 
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.controller.transport import Answer, ResponseAnswer, connection_error
-from osmosis_ai.errors import UsageError
-from osmosis_ai.rollout.http1 import LeanTransport, RemoteProtocolError, split_url
+from osmosis_ai.controller.answer import Answer, ResponseAnswer, connection_error
+from osmosis_ai.rollout.http1 import (
+    LeanTransport,
+    RemoteProtocolError,
+    check_header_fields,
+    split_url,
+)
 
 __all__ = ["Http1Transport", "RemoteProtocolError"]
 
@@ -22,8 +26,12 @@ __all__ = ["Http1Transport", "RemoteProtocolError"]
 class Http1Transport:
     """POSTs to one ``http://`` URL over up to ``max_connections`` keep-alive connections.
 
-    ``timeout`` bounds waiting for a free connection and each wait for answer bytes;
-    ``connect_timeout`` bounds opening a connection.
+    ``timeout`` bounds waiting for a free connection, each wait for the upstream to take
+    in request bytes and each wait for answer bytes; ``connect_timeout`` bounds opening a
+    connection. A URL or header that cannot go on the wire is a
+    :class:`~osmosis_ai.errors.UsageError` here, before anything is sent. A call is sent
+    once more on a fresh connection when a reused one closes before answering: a chat
+    completion changes no state on the model server.
     """
 
     def __init__(
@@ -35,10 +43,8 @@ class Http1Transport:
         connect_timeout: float,
         max_connections: int,
     ) -> None:
-        try:
-            self._host, self._port, path, authority = split_url(target)
-        except ValueError:
-            raise UsageError(f"{target!r} is not an http:// URL with a host") from None
+        self._host, self._port, path, authority = split_url(target)
+        check_header_fields(headers)
         self._target = target
         lines = [f"POST {path} HTTP/1.1", f"host: {authority}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
@@ -57,7 +63,7 @@ class Http1Transport:
         request = b"%b%d\r\n\r\n%b" % (self._head, len(content), content)
         try:
             response = await self._lean.send_raw(
-                self._host, self._port, request, timeouts=self._timeouts
+                self._host, self._port, request, timeouts=self._timeouts, idempotent=True
             )
         except httpx.TransportError as exc:
             raise connection_error(self._target, exc, _during(exc)) from exc
@@ -72,6 +78,6 @@ def _during(exc: httpx.TransportError) -> str:
         return "while waiting for a free connection"
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return "while connecting"
-    if isinstance(exc, httpx.ReadTimeout):
-        return "while waiting for the answer"
-    return "while sending the request"
+    if isinstance(exc, httpx.WriteTimeout | httpx.WriteError):
+        return "while sending the request"
+    return "while waiting for the answer"

@@ -3,43 +3,35 @@
 Every model call crosses this hop. A plain ``http`` upstream (vLLM, SGLang or any server
 on this machine or network, where the hop's own cost shows) gets the lean client of
 :mod:`~osmosis_ai.controller.http1`; anything else (``https`` providers, where TLS and a
-remote model dwarf it) gets the general httpx client of :func:`async_client`. Both retry
-once on a fresh connection when a pooled one turns out closed, and raise
-:class:`UpstreamConnectionError` naming the URL when no HTTP answer comes.
+remote model dwarf it) gets the general httpx client of :func:`async_client`. Headers that
+could not go on the wire as they are (a key with a trailing newline) are refused when the
+transport is made. Both send a call once more on a fresh connection when a pooled one
+closes before answering: a chat completion changes no state on the model server, so a
+second send can cost compute, never correctness. Both raise
+:class:`~osmosis_ai.controller.errors.UpstreamConnectionError` naming the URL when no
+HTTP answer comes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
 import httpx
 
-from osmosis_ai.controller.errors import UpstreamConnectionError
+from osmosis_ai.controller.answer import Answer, ResponseAnswer, connection_error
+from osmosis_ai.controller.http1 import Http1Transport
 from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rollout.http1 import check_header_fields
 
-
-class Answer(Protocol):
-    """An upstream answer whose status and headers have arrived; the body is read once,
-    whole (:meth:`read`) or as it arrives (:meth:`chunks`)."""
-
-    @property
-    def status(self) -> int: ...
-
-    @property
-    def content_type(self) -> str: ...
-
-    async def read(self) -> bytes:
-        """The whole body; the connection goes back to the pool."""
-        ...
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (decoded from chunked transfer and compression)."""
-        ...
-
-    async def aclose(self) -> None:
-        """Give the connection back, or close it when the body was not read to its end."""
-        ...
+__all__ = [
+    "Answer",
+    "HttpxTransport",
+    "ResponseAnswer",
+    "Transport",
+    "connection_error",
+    "open_transport",
+]
 
 
 class Transport(Protocol):
@@ -65,8 +57,6 @@ def open_transport(
     ``connect_timeout`` bounds opening a connection.
     """
     if target[:7].lower() == "http://":
-        from osmosis_ai.controller.http1 import Http1Transport
-
         return Http1Transport(
             target,
             headers,
@@ -83,17 +73,6 @@ def open_transport(
     )
 
 
-def connection_error(target: str, exc: BaseException, during: str) -> UpstreamConnectionError:
-    """``exc`` (no HTTP answer) as the error the proxy relays: what, where, and when."""
-    detail = str(exc) or "no detail"
-    if isinstance(exc, TimeoutError | httpx.TimeoutException):
-        detail = f"timed out ({detail})"
-    return UpstreamConnectionError(
-        f"cannot reach the model upstream {target} {during}: {type(exc).__name__}: {detail}",
-        url=target,
-    )
-
-
 class HttpxTransport:
     """One ``httpx.AsyncClient`` from :func:`async_client` (on aiohttp's pool when
     ``httpx-aiohttp`` is installed)."""
@@ -107,6 +86,7 @@ class HttpxTransport:
         connect_timeout: float,
         max_connections: int,
     ) -> None:
+        check_header_fields(headers)
         self._target = target
         # Built once, not per call with client.build_request: URL, headers and timeout
         # never change, so per-call merging would be wasted work.
@@ -128,7 +108,7 @@ class HttpxTransport:
         try:
             return ResponseAnswer(await self._client.send(request, stream=True), self._target)
         except (httpx.RemoteProtocolError, httpx.ReadError):
-            pass  # a pooled connection the server closed as it was reused: once more, fresh
+            pass  # closed before answering (a stale pooled connection): once more, fresh
         except httpx.TransportError as exc:
             raise connection_error(self._target, exc, "while sending the request") from exc
         try:
@@ -140,39 +120,3 @@ class HttpxTransport:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
-
-
-class ResponseAnswer:
-    """An :class:`Answer` over an ``httpx.Response`` whose body has not been read yet."""
-
-    __slots__ = ("_response", "_target")
-
-    def __init__(self, response: httpx.Response, target: str) -> None:
-        self._response = response
-        self._target = target
-
-    @property
-    def status(self) -> int:
-        return self._response.status_code
-
-    @property
-    def content_type(self) -> str:
-        return self._response.headers.get("content-type", "")
-
-    async def read(self) -> bytes:
-        try:
-            return await self._response.aread()
-        except httpx.TransportError as exc:
-            raise connection_error(self._target, exc, "while reading the answer") from exc
-        finally:
-            await self._response.aclose()
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.aiter_bytes():
-                yield chunk
-        except httpx.TransportError as exc:
-            raise connection_error(self._target, exc, "mid-stream") from exc
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
