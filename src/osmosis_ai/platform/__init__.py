@@ -14,14 +14,23 @@ Layout (server parts need the ``platform`` extra and are imported only when used
     store/migrate.py Alembic run programmatically under a lock; refuses a newer schema
     store/migrations/versions/  the revisions (the schema changes only here)
     services/        plain functions over a Session, one module per resource (accounts.py:
-                     users, workspaces, memberships, Git-identity lookup); raise errors.py
+                     users, workspaces, memberships, Git-identity lookup; device.py: device
+                     login; rollouts.py: Git sync and the per-branch catalog, which takes the
+                     Database because git must not run inside a transaction; models.py);
+                     they raise errors.py
+    gitsync.py       bare mirrors under the data dir, branches, rollouts/<name>/main.py
+    admin.py         what `osmosis platform user|workspace|token|model` do, one transaction
+    server.py        serve(settings): uvicorn, after the database is opened and migrated
     api/app.py       create_platform_app(settings); ROUTERS lists the router modules
     api/deps.py      Platform (settings, database, clock), PrincipalDep, WorkspaceDep
-                     (from X-Osmosis-Git; a workspace the caller is not in answers 404)
+                     (from X-Osmosis-Git, or X-Osmosis-Workspace: NAME; a workspace the
+                     caller is not in answers 404)
     api/errors.py    every error as the envelope; 422 becomes 400 VALIDATION with issues
     api/version.py   X-Osmosis-Version-* headers, 426 below MIN_SUPPORTED_CLI_VERSION
     api/wire.py      shared pydantic wire models; a resource's own live in its router
-    api/<resource>.py  one router per resource (tokens.py, workspaces.py, ...)
+    api/<resource>.py  one router per resource (tokens.py, device.py, workspaces.py,
+                     rollouts.py, ...)
+    web/device.py    the /device page that approves a device login (CSRF, escaped HTML)
     crypto.py        data-dir keys, secret encryption; objects.py  file store, signed URLs
     client.py        the /api/cli client the CLI uses (imports no server code)
 """
