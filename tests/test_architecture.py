@@ -78,3 +78,101 @@ def test_every_area_is_documented():
     areas = {area_of(p) for p in SOURCES} - {"__init__"}
     missing = {a for a in areas if f"`{a}" not in text}
     assert not missing, f"docs/architecture.md does not describe {sorted(missing)}"
+
+
+# --- no import cycles ------------------------------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in SOURCES}
+
+
+def enclosing_module(dotted: str) -> str | None:
+    """``dotted`` if it is one of the package's modules, else the nearest one above it."""
+    while dotted and dotted not in MODULES:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+def imported_modules(name: str) -> set[str]:
+    """The package's modules that module ``name`` imports anywhere: at the top, inside
+    functions (a lazy import still runs) and under ``TYPE_CHECKING`` (two modules that name
+    each other are tangled even if only the type checker sees it). ``from pkg import mod``
+    imports ``pkg.mod``; the parent packages Python runs first are not counted, or every
+    package whose ``__init__`` names a submodule would be a cycle."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                for alias in node.names
+            ]
+        for target in targets:
+            module = enclosing_module(target)
+            if module is not None and module != name:
+                found.add(module)
+    return found
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert sorted(strongly_connected(graph)) == [["a", "b", "c"], ["d"], ["e"]]
+    assert "osmosis_ai.controller.upstream" in imported_modules("osmosis_ai.controller.upstreams")
+    assert "osmosis_ai.rollout.asgi" in imported_modules("osmosis_ai.controller.policy.app")
+
+
+def test_no_import_cycles():
+    graph = {name: imported_modules(name) for name in MODULES}
+    cycles = [c for c in strongly_connected(graph) if len(c) > 1]
+    described = [
+        ", ".join(f"{a} -> {b}" for a in cycle for b in sorted(graph[a] & set(cycle)))
+        for cycle in cycles
+    ]
+    assert not cycles, "modules that import each other (cut the cycle):\n" + "\n".join(described)
