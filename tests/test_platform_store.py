@@ -164,3 +164,16 @@ def test_deleting_a_user_takes_their_tokens_and_memberships(database):
     with database.transaction() as session:
         assert session.query(Token).count() == 0
         assert session.query(Membership).count() == 0
+
+
+def test_an_unreachable_database_is_a_named_error_without_its_password(tmp_path):
+    from osmosis_ai.platform.errors import DatabaseError
+    from osmosis_ai.testing.serving import free_port
+
+    url = f"postgresql+psycopg://admin:pa55word-secret@127.0.0.1:{free_port()}/platform"
+    settings = load_settings(data_dir=tmp_path, database_url=url)
+    with pytest.raises(DatabaseError) as caught:
+        open_database(settings)
+    assert caught.value.code == "DATABASE_UNAVAILABLE"
+    assert "pa55word-secret" not in str(caught.value)
+    assert "admin:***@127.0.0.1" in str(caught.value)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from osmosis_ai.platform.settings import PlatformSettings
+from osmosis_ai.platform.errors import DatabaseError
+from osmosis_ai.platform.settings import PlatformSettings, redact_database_url
 
 if TYPE_CHECKING:
     from sqlalchemy.engine.interfaces import DBAPIConnection
@@ -60,12 +61,24 @@ def make_engine(database_url: str) -> Engine:
 
 def open_database(settings: PlatformSettings, *, migrate: bool = True) -> Database:
     """The platform's database, migrated to this release's schema (under a lock) first."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
     from osmosis_ai.platform.store.migrate import upgrade
 
     engine = make_engine(settings.database_url)
     try:
         if migrate:
             upgrade(engine)
+    except (OperationalError, InterfaceError) as exc:
+        engine.dispose()
+        where = redact_database_url(settings.database_url)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+        raise DatabaseError(
+            f"Cannot open the platform database at {where}: {reason}. Check that the database "
+            "server is running and the URL (--database-url) is right.",
+            code="DATABASE_UNAVAILABLE",
+            details={"database_url": where},
+        ) from None
     except BaseException:
         engine.dispose()
         raise
