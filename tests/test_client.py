@@ -26,6 +26,7 @@ from osmosis_ai.rollout.client import (
     RolloutClient,
     RolloutHandle,
     RolloutProtocolError,
+    retry_after_sec,
 )
 from osmosis_ai.rollout.server import create_rollout_server
 from osmosis_ai.testing.serving import serve_in_task
@@ -259,6 +260,34 @@ async def test_admission_retries_429_honouring_retry_after():
         assert result.status == RolloutStatus.SUCCESS
         assert faults[0].hits == 2
         assert 1.0 <= elapsed < 5  # 0.05 s (clamped "0") + 1 s (no header)
+
+
+NOW = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (None, 1.0),
+        ("3", 3.0),
+        (" 2.5 ", 2.5),
+        ("0", 0.05),
+        ("-4", 0.05),
+        ("3600", 60.0),
+        ("nan", 1.0),
+        ("inf", 1.0),
+        ("soon", 1.0),
+        ("", 1.0),
+        ("Tue, 14 Nov 2023 22:13:27 GMT", 7.0),
+        ("Tuesday, 14-Nov-23 22:13:30 GMT", 10.0),  # the obsolete RFC 850 form
+        ("Tue Nov 14 22:13:25 2023", 5.0),  # asctime, read as UTC
+        ("Tue, 14 Nov 2023 22:13:00 GMT", 0.05),  # already past
+        ("Wed, 15 Nov 2023 22:13:20 GMT", 60.0),
+        ("Tue, 99 Nov 2023 22:13:27 GMT", 1.0),
+    ],
+)
+def test_retry_after_reads_seconds_and_http_dates(value: str | None, seconds: float):
+    assert retry_after_sec(value, now=NOW) == pytest.approx(seconds)
 
 
 async def test_admission_timeout_when_server_stays_full():

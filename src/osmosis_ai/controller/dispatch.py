@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -32,12 +31,10 @@ from osmosis_ai.controller.listener import CallbackResult
 from osmosis_ai.controller.service import ControllerService
 from osmosis_ai.errors import RolloutProtocolError, UsageError
 from osmosis_ai.rollout.client import (
-    RETRY_AFTER_DEFAULT_SEC,
-    RETRY_AFTER_MAX_SEC,
-    RETRY_AFTER_MIN_SEC,
     RolloutAdmissionTimeoutError,
     RolloutClient,
     RolloutHandle,
+    retry_after_sec,
 )
 from osmosis_ai.rollout.http import async_client
 from osmosis_ai.rollout.protocol import (
@@ -381,7 +378,9 @@ class Dispatcher:
                     f"{self.max_admission_wait_sec:g}s: the server kept answering 429 "
                     f"({_detail(response)}); lower the concurrency or raise the budget"
                 )
-            await asyncio.sleep(min(retry_after_sec(response), remaining))
+            await asyncio.sleep(
+                min(retry_after_sec(response.headers.get("retry-after")), remaining)
+            )
 
     async def _send(
         self,
@@ -400,17 +399,6 @@ class Dispatcher:
             headers={**self._headers, **(headers or {})},
             timeout=HTTP_TIMEOUT_SEC if request_timeout is None else request_timeout,
         )
-
-
-def retry_after_sec(response: httpx.Response) -> float:
-    """``Retry-After`` in seconds, clamped to 0.05–60 s; 1 s when absent or not a number."""
-    try:
-        delay = float(response.headers.get("Retry-After", RETRY_AFTER_DEFAULT_SEC))
-    except ValueError:
-        delay = RETRY_AFTER_DEFAULT_SEC
-    if not math.isfinite(delay):
-        delay = RETRY_AFTER_DEFAULT_SEC
-    return min(max(delay, RETRY_AFTER_MIN_SEC), RETRY_AFTER_MAX_SEC)
 
 
 def _lease(response: httpx.Response, rollout_id: str) -> RolloutInitResponse | None:

@@ -2,11 +2,14 @@
 
 Submits rollouts (retrying ``429`` within an admission budget), then long-polls each result
 under its polling lease, retrying transient failures without ever letting the lease lapse.
+:func:`retry_after_sec` reads ``Retry-After`` for every client of the package.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import json as _json
 import math
 import time
@@ -33,7 +36,13 @@ from osmosis_ai.rollout.status import RolloutStatus
 if TYPE_CHECKING:
     from osmosis_ai.rollout.http1 import LeanTransport
 
-__all__ = ["RolloutAdmissionTimeoutError", "RolloutClient", "RolloutHandle", "RolloutProtocolError"]
+__all__ = [
+    "RolloutAdmissionTimeoutError",
+    "RolloutClient",
+    "RolloutHandle",
+    "RolloutProtocolError",
+    "retry_after_sec",
+]
 
 DEFAULT_TIMEOUT_SEC = 30.0
 POLL_READ_MARGIN_SEC = 10.0
@@ -120,14 +129,29 @@ def _parse(model: type[_M], response: _Answer, what: str) -> _M:
         ) from exc
 
 
-def _retry_after(response: _Answer) -> float:
+def retry_after_sec(value: str | None, *, now: float | None = None) -> float:
+    """A ``Retry-After`` value in seconds: delay-seconds or an HTTP-date (counted from
+    ``now``, Unix seconds, default the clock), clamped to 0.05-60 s; 1 s when absent or
+    unreadable."""
+    if value is None:
+        return RETRY_AFTER_DEFAULT_SEC
     try:
-        delay = float(response.headers.get("retry-after", RETRY_AFTER_DEFAULT_SEC))
-    except ValueError:  # an HTTP-date or junk
-        delay = RETRY_AFTER_DEFAULT_SEC
+        delay = float(value)
+    except ValueError:
+        delay = _until_date(value, time.time() if now is None else now)
     if not math.isfinite(delay):
         delay = RETRY_AFTER_DEFAULT_SEC
     return min(max(delay, RETRY_AFTER_MIN_SEC), RETRY_AFTER_MAX_SEC)
+
+
+def _until_date(value: str, now: float) -> float:
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return RETRY_AFTER_DEFAULT_SEC
+    if when.tzinfo is None:  # "-0000": UTC, as HTTP-dates are
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp() - now
 
 
 def _lean_transport(client: httpx.AsyncClient, base_url: str) -> LeanTransport | None:
@@ -221,7 +245,11 @@ class RolloutClient:
                 sent["content-type"] = "application/json"
             limits = httpx.Timeout(timeout).as_dict()
             return await self._lean.quick(
-                method, self.base_url + path, headers=sent, content=content, timeouts=limits
+                method,
+                self.base_url + path,
+                headers=sent,
+                content=content,
+                timeouts=limits,
             )
         return await self._http.request(
             method,
@@ -282,7 +310,7 @@ class RolloutClient:
                 return RolloutHandle(self, self._request, lease, started)
             if response.status_code != 429:
                 raise _unexpected(response, f"POST /rollout for rollout {rollout_id!r}")
-            delay = _retry_after(response)
+            delay = retry_after_sec(response.headers.get("retry-after"))
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
