@@ -337,3 +337,24 @@ def test_no_token_or_no_workspace_header(world):
     with world.client("alice", repo=None) as client:
         answer = client.get("/api/cli/datasets")
         assert answer.status_code == 400 and answer.json()["code"] == "GIT_SCOPE_HEADER_REQUIRED"
+
+
+def test_a_restarted_server_finishes_datasets_left_processing(world, alice):
+    from sqlalchemy import update
+
+    from osmosis_ai.platform.api.app import create_platform_app
+    from osmosis_ai.platform.store.orm import Dataset
+    from osmosis_ai.testing.serving import ServerThread
+
+    dataset = upload(alice, "math")
+    with world.database.transaction() as session:  # as if the server stopped mid-processing
+        session.execute(
+            update(Dataset)
+            .where(Dataset.id == dataset["id"])
+            .values(status="processing", row_count=None, data_preview=None)
+        )
+    restarted = create_platform_app(world.settings, database=world.database)
+    with ServerThread(restarted):
+        pass  # start-up and shut-down: shut-down waits for the resumed processing
+    found = alice.get(f"/api/cli/datasets/{dataset['id']}").json()
+    assert found["status"] == "uploaded" and found["row_count"] == 6

@@ -8,6 +8,7 @@ in :data:`ROUTERS` (module paths, each with a ``router``).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
     raise MissingExtraError("platform", "The platform server", exc.name) from exc
 
 from osmosis_ai.consts import PACKAGE_VERSION
+from osmosis_ai.platform.api.datasets import resume_processing
 from osmosis_ai.platform.api.deps import Platform
 from osmosis_ai.platform.api.errors import install_error_handlers
 from osmosis_ai.platform.api.objects import mount_objects
@@ -62,9 +64,12 @@ def create_platform_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncGenerator[None]:
+        # Datasets a stopped server left half-processed finish in a thread, not at start-up.
+        resumed = asyncio.get_running_loop().run_in_executor(None, resume_processing, platform)
         try:
             yield
         finally:
+            await resumed
             if owned:
                 db.dispose()
 

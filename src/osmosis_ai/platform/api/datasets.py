@@ -180,6 +180,15 @@ def _process(platform: Platform, dataset_id: str) -> None:
     )
 
 
+def resume_processing(platform: Platform) -> int:
+    """Process the datasets a previous run of the server left ``processing``; how many."""
+    with platform.transaction() as session:
+        pending = service.datasets_in_processing(session)
+    for dataset_id in pending:
+        _process(platform, dataset_id)
+    return len(pending)
+
+
 @router.post("/{dataset_id}/abort")
 def abort_upload(
     dataset_id: str,

@@ -467,6 +467,12 @@ def _replace_older(session: Session, dataset: Dataset, store: ObjectStore) -> li
     return [old.id for old in older]
 
 
+def datasets_in_processing(session: Session) -> list[str]:
+    """Ids of datasets left ``processing`` (by a server that stopped before finishing)."""
+    query = select(Dataset.id).where(Dataset.status == "processing").order_by(Dataset.updated_at)
+    return list(session.scalars(query))
+
+
 def needs_inline_processing(dataset: Dataset) -> bool:
     return dataset.status == "processing" and dataset.file_size <= INLINE_PROCESSING_BYTES
 
