@@ -25,11 +25,14 @@ from osmosis_ai.rollout.client import (
     RolloutAdmissionTimeoutError,
     RolloutClient,
     RolloutHandle,
+    RolloutLeaseLostError,
     RolloutProtocolError,
     retry_after_sec,
 )
+from osmosis_ai.rollout.http import async_client
 from osmosis_ai.rollout.server import create_rollout_server
 from osmosis_ai.testing.serving import serve_in_task
+from rawhttp import first_submit, forwards_to, raw_server
 
 CHAT_URL = "http://127.0.0.1:9/v1"  # never dialled: the workflows below do not call a model
 PROMPT = [{"role": "user", "content": "hello"}]
@@ -222,6 +225,7 @@ async def test_duplicate_rollout_id_is_409():
         with pytest.raises(RolloutProtocolError, match="already registered") as caught:
             await client.submit(PROMPT, CHAT_URL, rollout_id="dup")
         assert caught.value.status_code == 409
+        assert not isinstance(caught.value, RolloutLeaseLostError)  # nothing was resent
         await handle
 
 
@@ -297,6 +301,47 @@ async def test_admission_timeout_when_server_stays_full():
             await client.submit(PROMPT, CHAT_URL, admission_timeout_sec=0.3)
         assert isinstance(caught.value, TimeoutError)
         assert time.monotonic() - started < 2  # the server's Retry-After: 5 is cut short
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "httpx"])
+async def test_a_submit_answered_into_a_closed_connection_is_admitted_and_its_lease_lost(
+    lean: bool,
+):
+    async with (
+        rollout_server() as url,
+        raw_server(forwards_to(url, first_submit("after"))) as front,
+        async_client() if lean else httpx.AsyncClient() as http,
+        RolloutClient(front.origin, http_client=http) as client,
+    ):
+        await client.health()  # a kept-alive connection, which the submit then reuses
+        with pytest.raises(RolloutLeaseLostError, match="409 for this rollout id") as caught:
+            await client.submit(PROMPT, CHAT_URL, rollout_id="lost", metadata={"sleep": 30})
+        lost = caught.value
+        assert (lost.rollout_id, lost.status_code) == ("lost", 409)
+        assert lost.rollout_status in (RolloutStatus.QUEUED, RolloutStatus.RUNNING)
+        assert "reports it" in str(lost)
+        assert await client.cancel_rollout("lost") in ("cancelled_queued", "cancelled_running")
+    submits = [head for head, _ in front.requests if head.startswith(b"POST /rollout ")]
+    assert len(submits) == 2  # the first, which the server admitted, and the one resend
+    assert front.connections == 2
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "httpx"])
+async def test_a_submit_lost_before_reaching_the_server_is_sent_again_and_runs(lean: bool):
+    async with (
+        rollout_server() as url,
+        raw_server(forwards_to(url, first_submit("before"))) as front,
+        async_client() if lean else httpx.AsyncClient() as http,
+        RolloutClient(front.origin, http_client=http) as client,
+    ):
+        await client.health()
+        result = await client.run_rollout_async(PROMPT, CHAT_URL, label="hello")
+        assert (result.status, result.sample and result.sample.reward) == (
+            RolloutStatus.SUCCESS,
+            1.0,
+        )
+    submits = [head for head, _ in front.requests if head.startswith(b"POST /rollout ")]
+    assert len(submits) == 2
 
 
 async def test_poll_retries_gateway_errors_and_dropped_connections():

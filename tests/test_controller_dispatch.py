@@ -24,6 +24,7 @@ from osmosis_ai.rollout.server import create_rollout_server
 from osmosis_ai.rollout.status import RolloutStatus
 from osmosis_ai.testing.model_server import ScriptedModelServer
 from osmosis_ai.testing.serving import serve_in_task
+from rawhttp import first_submit, forwards_to, raw_server
 from rollouts import TOOL_SCRIPT, AnswerGrader, MetadataGrader, ScriptedBehaviour, ToolWorkflow
 
 PROMPT = [{"role": "user", "content": "What is 6 * 7?"}]
@@ -265,6 +266,31 @@ async def test_4xx_admissions_are_rejected():
     assert first.kind == "result"
     assert (again.kind, again.status_code) == ("admission_rejected", 409)
     assert (unknown.kind, unknown.generation) == ("transport_error", None)
+
+
+async def test_a_lost_submit_answer_is_an_admitted_attempt_not_a_rejection(sleepy):
+    journal, s = Journal(), sleepy
+    async with raw_server(forwards_to(s.url, first_submit("after"))) as front:
+        async with Dispatcher(front.origin, s.service, generation="polling") as dispatcher:
+            await dispatcher.health()  # a kept-alive connection, which the submit reuses
+            request = DispatchRequest(PROMPT, metadata={"sleep": 30})
+            outcome = await dispatcher.run(request, commit=journal)
+        assert await server_status(s.url, outcome.rollout_id, "cancelled") == "cancelled"
+    # the server admitted the first POST; its resend got 409 for the same id
+    submits = [head for head, _ in front.requests if head.startswith(b"POST /rollout ")]
+    assert len(submits) == 2
+    assert (outcome.kind, outcome.admitted) == ("transport_error", True)
+    assert outcome.cancel_disposition in ("cancelled_queued", "cancelled_running")
+    assert "was admitted, but its answer was lost" in (outcome.detail or "")
+    assert journal.records == []
+
+    async with (
+        raw_server(forwards_to(s.url, first_submit("before"))) as front,
+        Dispatcher(front.origin, s.service, generation="polling") as dispatcher,
+    ):
+        await dispatcher.health()
+        resent = await dispatcher.run(DispatchRequest(PROMPT, label="42"), commit=journal)
+    assert (resent.kind, resent.status) == ("result", RolloutStatus.SUCCESS)
 
 
 # -- deadline and cancellation ------------------------------------------------------------------

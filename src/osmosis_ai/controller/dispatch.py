@@ -34,6 +34,7 @@ from osmosis_ai.rollout.client import (
     RolloutAdmissionTimeoutError,
     RolloutClient,
     RolloutHandle,
+    RolloutLeaseLostError,
     retry_after_sec,
 )
 from osmosis_ai.rollout.http import async_client
@@ -238,6 +239,15 @@ class Dispatcher:
             )
         except RolloutAdmissionTimeoutError as exc:
             return self._outcome(attempt, "timeout", detail=str(exc))
+        except RolloutLeaseLostError as exc:
+            # Admitted (a resend got 409 for this attempt's own id), but unpollable without
+            # the lease that went with the lost answer: stop it, and end as a lost answer,
+            # not as a rejected admission.
+            attempt.admitted = True
+            disposition = await self._cancel_remote(attempt.rollout_id)
+            return self._outcome(
+                attempt, "transport_error", cancel_disposition=disposition, detail=str(exc)
+            )
         except RolloutProtocolError as exc:
             if exc.status_code == 202:  # admitted, but the answer is unusable: stop it
                 await self._cancel_remote(attempt.rollout_id)
@@ -363,7 +373,11 @@ class Dispatcher:
         return body
 
     async def _admit(self, rollout_id: str, body: dict[str, Any]) -> httpx.Response:
-        """POST /rollout, retrying 429 after ``Retry-After`` within the admission budget."""
+        """POST /rollout, retrying 429 after ``Retry-After`` within the admission budget.
+
+        Never sent twice on a closed connection (the transport does not repeat a POST): a
+        callback-generation server does not refuse a repeated rollout id, so a second send
+        could run the rollout twice."""
         deadline = time.monotonic() + self.max_admission_wait_sec
         while True:
             response = await self._http.post(

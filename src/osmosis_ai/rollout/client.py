@@ -2,7 +2,10 @@
 
 Submits rollouts (retrying ``429`` within an admission budget), then long-polls each result
 under its polling lease, retrying transient failures without ever letting the lease lapse.
-:func:`retry_after_sec` reads ``Retry-After`` for every client of the package.
+A submit whose connection closes before the answer is sent once more: the rollout id makes
+it safe, since a server that admitted the first one answers ``409`` for the same id (see
+:class:`RolloutLeaseLostError`). :func:`retry_after_sec` reads ``Retry-After`` for every
+client of the package.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "RolloutAdmissionTimeoutError",
     "RolloutClient",
     "RolloutHandle",
+    "RolloutLeaseLostError",
     "RolloutProtocolError",
     "retry_after_sec",
 ]
@@ -57,6 +61,9 @@ _GATEWAY_STATUSES = frozenset({502, 503, 504})
 # than dropped connections and read timeouts on purpose: the aiohttp-backed transport of
 # rollout.http reports a server disconnect as a connect timeout.
 _TRANSPORT_ERRORS = (httpx.TransportError,)
+# The connection closed (or broke) after the request may have gone out: a submit is sent
+# once more, as its rollout id makes a second one harmless.
+_CLOSED_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 _M = TypeVar("_M", bound=BaseModel)
 
 
@@ -94,6 +101,24 @@ class SubmitOptions(TypedDict, total=False):
 
 class RolloutAdmissionTimeoutError(OsmosisError, TimeoutError):
     """The server kept answering ``429`` until the admission budget ran out."""
+
+
+class RolloutLeaseLostError(RolloutProtocolError):
+    """The rollout was admitted, but the answer carrying its polling lease was lost.
+
+    A submit's connection closed before the answer came; sent again, it got ``409`` for
+    its own rollout id, so the first one was admitted. The lease is issued once, in that
+    lost answer, so the rollout cannot be polled: cancel it and run the work again under a
+    new id. ``rollout_status`` is what ``GET /rollout/{id}/status`` reported (``None``
+    when the server does not serve it, as 0.3.8's does not).
+    """
+
+    def __init__(
+        self, message: str, *, rollout_id: str, rollout_status: RolloutStatus | None
+    ) -> None:
+        self.rollout_id = rollout_id
+        self.rollout_status = rollout_status
+        super().__init__(message, status_code=409)
 
 
 def _detail(response: _Answer) -> str:
@@ -233,7 +258,10 @@ class RolloutClient:
         json: object = None,
         headers: Mapping[str, str] | None = None,
         request_timeout: httpx.Timeout | float | None = None,
+        idempotent: bool | None = None,
     ) -> _Answer:
+        """One call; ``idempotent`` (default: by method) lets the transport send it once
+        more when a reused connection closes before answering."""
         timeout = self.timeout if request_timeout is None else request_timeout
         if self._lean is not None and _plain(self._http):
             # A whole exchange on the lean pool: httpx's client layer cost more than the
@@ -250,13 +278,17 @@ class RolloutClient:
                 headers=sent,
                 content=content,
                 timeouts=limits,
+                idempotent=idempotent,
             )
+        from osmosis_ai.rollout.http1 import IDEMPOTENT_EXTENSION
+
         return await self._http.request(
             method,
             self.base_url + path,
             json=json,
             headers={**self._headers, **(headers or {})},
             timeout=timeout,
+            extensions=None if idempotent is None else {IDEMPOTENT_EXTENSION: idempotent},
         )
 
     # -- rollouts ------------------------------------------------------------------------
@@ -280,8 +312,10 @@ class RolloutClient:
 
         ``429`` is retried after ``Retry-After`` (clamped to 0.05–60 s, 1 s when absent)
         until ``admission_timeout_sec`` runs out (``None``: no limit), then
-        :class:`RolloutAdmissionTimeoutError`. Any other status is a
-        :class:`RolloutProtocolError`; transport errors propagate.
+        :class:`RolloutAdmissionTimeoutError`. A connection that closes before the answer
+        comes is followed by one more send; when that one gets ``409`` the first was
+        admitted and its lease lost: :class:`RolloutLeaseLostError`. Any other status is a
+        :class:`RolloutProtocolError`; other transport errors propagate.
         """
         rollout_id = rollout_id if rollout_id is not None else uuid.uuid4().hex
         optional: dict[str, Any] = {
@@ -302,12 +336,21 @@ class RolloutClient:
         deadline = None
         if admission_timeout_sec is not None:
             deadline = time.monotonic() + admission_timeout_sec
+        resent = False  # a send before this one may have reached the server
         while True:
             started = time.monotonic()
-            response = await self._request("POST", "/rollout", json=body)
+            try:
+                response = await self._request("POST", "/rollout", json=body, idempotent=False)
+            except _CLOSED_ERRORS:
+                if resent:
+                    raise
+                resent = True
+                continue
             if response.status_code == 202:
                 lease = self._parse_lease(response, rollout_id)
                 return RolloutHandle(self, self._request, lease, started)
+            if response.status_code == 409 and resent:
+                raise await self._lease_lost(rollout_id)
             if response.status_code != 429:
                 raise _unexpected(response, f"POST /rollout for rollout {rollout_id!r}")
             delay = retry_after_sec(response.headers.get("retry-after"))
@@ -321,6 +364,25 @@ class RolloutClient:
                     )
                 delay = min(delay, remaining)
             await asyncio.sleep(delay)
+
+    async def _lease_lost(self, rollout_id: str) -> RolloutLeaseLostError:
+        """The error for a submit whose resend got ``409``: admitted, its lease lost. The
+        status call says where the rollout is, when the server serves it."""
+        try:
+            status: RolloutStatus | None = (await self.status(rollout_id)).status
+            seen = f"GET /rollout/{rollout_id}/status reports it {status.value!r}"
+        except (httpx.HTTPError, RolloutProtocolError) as exc:
+            status = None
+            seen = f"its status could not be read ({type(exc).__name__}: {exc})"
+        return RolloutLeaseLostError(
+            f"POST /rollout for rollout {rollout_id!r} was admitted, but its answer was lost: "
+            f"the connection closed before the answer came, and the resend got 409 for this "
+            f"rollout id; {seen}. Its polling lease was in the lost answer and is issued only "
+            f"once, so it cannot be polled: cancel it and run the work again under a new "
+            f"rollout_id",
+            rollout_id=rollout_id,
+            rollout_status=status,
+        )
 
     @staticmethod
     def _parse_lease(response: _Answer, rollout_id: str) -> RolloutInitResponse:
@@ -368,7 +430,8 @@ class RolloutClient:
             body["ids"] = list(ids)
         if prefix is not None:
             body["prefix"] = prefix
-        response = await self._request("POST", "/rollout/cancel", json=body)
+        # Cancelling is idempotent (a second cancel answers the first disposition).
+        response = await self._request("POST", "/rollout/cancel", json=body, idempotent=True)
         if response.status_code != 200:
             raise _unexpected(response, "POST /rollout/cancel")
         return _parse(CancelRolloutsResponse, response, "POST /rollout/cancel")
