@@ -250,6 +250,13 @@ async def test_api_key_is_sent_on_every_call():
             await client.wait_idle(timeout_sec=5, poll_interval_sec=0.05)
 
 
+def test_an_api_key_with_a_trailing_newline_is_refused_naming_the_header():
+    with pytest.raises(UsageError, match=r"'Authorization'.*ends with a line feed") as caught:
+        RolloutClient("http://127.0.0.1:9", api_key="sk-from-a-file\n")
+    assert "sk-from-a-file" not in str(caught.value)
+    assert "strip" in str(caught.value)
+
+
 async def test_admission_retries_429_honouring_retry_after():
     faults: list[Faults] = []
 

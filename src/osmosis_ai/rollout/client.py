@@ -223,9 +223,12 @@ class RolloutClient:
         http_client: httpx.AsyncClient | None = None,
         timeout: float = DEFAULT_TIMEOUT_SEC,
     ) -> None:
+        from osmosis_ai.rollout.http1 import check_header_fields
+
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        check_header_fields(self._headers)  # a key read from a file may end with a newline
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
         self._lean = _lean_transport(self._http, self.base_url)
