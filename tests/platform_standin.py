@@ -4,7 +4,7 @@ The CLI's unit tests drive it over real HTTP (uvicorn on 127.0.0.1): it checks t
 the ``X-Osmosis-Git`` scope, stores dataset bytes behind presigned-style URLs (simple PUT
 or numbered parts with ETags), keeps secrets write-only, and records every request so
 tests can look at headers and bodies. Knobs: ``multipart_part_size`` forces multipart,
-``fail`` queues error answers for a path, ``version_signal`` adds the version headers.
+``fail`` queues error answers for a path (``PUT /objects/*``: any upload), ``version_signal`` adds the version headers.
 """
 
 from __future__ import annotations
@@ -145,6 +145,8 @@ class StandIn:
 
     def _injected(self, request: Request) -> Response | None:
         queue = self.fail.get(f"{request.method} {request.url.path}")
+        if not queue and request.url.path.startswith("/objects/"):
+            queue = self.fail.get(f"{request.method} /objects/*")
         if queue:
             status, body = queue.pop(0)
             return self._answer(body, status)

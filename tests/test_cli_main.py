@@ -58,11 +58,8 @@ def test_group_help_marks_what_is_not_available(capsys):
         assert result.out.startswith(f"Usage: osmosis {' '.join(a for a in args if a[0] != '-')}")
     out = invoke(capsys, "dataset").out
     assert "validate  Validate a dataset file" in out
-    assert "list      List datasets. [needs a platform]" in out
-    assert (
-        "submit    Submit a managed evaluation run. [needs a platform]"
-        in invoke(capsys, "eval").out
-    )
+    assert "upload    Validate and upload a dataset file." in out
+    assert "list      List evaluation runs. [needs a platform]" in invoke(capsys, "eval").out
 
 
 def test_command_help_is_argparse(capsys):
@@ -238,7 +235,7 @@ def test_platform_commands_need_a_platform(capsys):
         error = result.error()
         assert error["command"] == entry.name
         assert error["error"]["code"] == "PLATFORM_ERROR"
-        assert "needs a platform: set OSMOSIS_PLATFORM_URL" in error["error"]["message"]
+        assert "needs a platform feature this version" in error["error"]["message"]
 
 
 def test_pending_commands_say_not_available_yet(capsys):

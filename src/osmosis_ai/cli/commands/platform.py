@@ -1,7 +1,6 @@
-"""Placeholder for commands that talk to an Osmosis platform, which this build cannot reach yet.
+"""Placeholder for platform commands this CLI's platform client does not support yet.
 
-The self-hosted platform (``OSMOSIS_PLATFORM_URL``) is coming; until then every such command
-answers with one clear ``PLATFORM_ERROR``.
+Each answers with one clear ``PLATFORM_ERROR`` instead of a half-working call.
 """
 
 from __future__ import annotations
@@ -22,11 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: Context) -> Result:
     raise CLIError(
         CLIErrorCode.PLATFORM_ERROR,
-        f"'osmosis {ctx.command}' needs a platform: set OSMOSIS_PLATFORM_URL to a self-hosted "
-        "osmosis platform (coming; this version has no platform client yet).",
+        f"'osmosis {ctx.command}' needs a platform feature this version of the CLI does not "
+        "support yet. See 'osmosis --help' for the platform commands it has.",
         {
             "command": ctx.command,
-            "reason": "platform_unavailable",
+            "reason": "not_supported",
             "platform_url": os.environ.get("OSMOSIS_PLATFORM_URL") or None,
         },
     )

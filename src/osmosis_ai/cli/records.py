@@ -1,0 +1,107 @@
+"""Platform records as the CLI's JSON shows them: fixed key sets, pinned by golden files.
+
+The platform may send more (or fewer) fields than a record shows; a missing field is
+``null``, an extra one is dropped, so ``--json`` consumers see one stable shape (the
+0.3.8 CLI's serializers). Secret values are never part of any record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+DATASET_KEYS = (
+    "id",
+    "file_name",
+    "file_size",
+    "status",
+    "file_format",
+    "original_file_format",
+    "row_count",
+    "original_file_size",
+    "creator_name",
+    "created_at",
+    "updated_at",
+)
+ROLLOUT_KEYS = (
+    "id",
+    "name",
+    "description",
+    "repo_full_name",
+    "last_synced_commit_sha",
+    "last_synced_at",
+    "created_at",
+)
+BASE_MODEL_KEYS = ("id", "model_name", "base_model", "creator_name", "created_at", "updated_at")
+LORA_MODEL_KEYS = (
+    "id",
+    "model_name",
+    "base_model",
+    "training_run_name",
+    "checkpoint_step",
+    "reward",
+)
+LORA_DEPLOYMENT_KEYS = ("deployment_status", "deployed_at", "deployed_by")
+SECRET_KEYS = ("id", "name", "scope", "created_at", "updated_at", "creator_name", "updater_name")
+LOG_KEYS = ("timestamp", "level", "step", "message", "details")
+
+# The platform's wire scope of a personal secret is "user"; people say "personal".
+WIRE_PERSONAL = "user"
+
+
+def pick(record: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, object]:
+    return {key: record.get(key) for key in keys}
+
+
+def with_platform_url(data: dict[str, object], record: Mapping[str, Any]) -> dict[str, object]:
+    url = record.get("platform_url")
+    if isinstance(url, str) and url:
+        data["platform_url"] = url
+    return data
+
+
+def dataset(record: Mapping[str, Any]) -> dict[str, object]:
+    return with_platform_url(pick(record, DATASET_KEYS), record)
+
+
+def rollout(record: Mapping[str, Any]) -> dict[str, object]:
+    return pick(record, ROLLOUT_KEYS)
+
+
+def base_model(record: Mapping[str, Any]) -> dict[str, object]:
+    return pick(record, BASE_MODEL_KEYS)
+
+
+def lora_model(record: Mapping[str, Any]) -> dict[str, object]:
+    """Deployment keys only when the platform sent them (inference available)."""
+    data = pick(record, LORA_MODEL_KEYS)
+    if "deployment_status" in record:
+        data.update(pick(record, LORA_DEPLOYMENT_KEYS))
+    data["created_at"] = record.get("created_at")
+    return data
+
+
+def display_scope(scope: object) -> object:
+    return "personal" if scope == WIRE_PERSONAL else scope
+
+
+def secret(record: Mapping[str, Any]) -> dict[str, object]:
+    data = pick(record, SECRET_KEYS)
+    data["scope"] = display_scope(data["scope"])
+    return data
+
+
+def log_entry(record: Mapping[str, Any]) -> dict[str, object]:
+    return pick(record, LOG_KEYS)
+
+
+def size_text(size: object) -> str | None:
+    """``1.5 MB``-style sizes for humans (JSON keeps bytes)."""
+    if not isinstance(size, int | float) or isinstance(size, bool):
+        return None
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024:
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
