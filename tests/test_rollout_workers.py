@@ -385,7 +385,9 @@ async def test_root_path_routes_each_rollout_to_its_owner_in_both_generations(tm
                     )
                 )
             assert {owner(o.rollout_id) for o in outcomes} == {0, 1}
-            assert [(o.status.value, o.reward) for o in outcomes] == [("success", 1.0)] * 6, outcomes
+            assert [(o.status.value, o.reward) for o in outcomes] == [("success", 1.0)] * 6, (
+                outcomes
+            )
     pids: dict[int, set[str]] = {0: set(), 1: set()}
     for rollout_id, result in zip(ids, results, strict=True):
         assert result["status"] == "success", result
