@@ -221,6 +221,16 @@ def test_a_failed_upload_is_aborted(capsys, platform_env, workspace):
     assert not [r for r in platform_env.requests if r.path.endswith("/complete")]
 
 
+def test_completing_an_upload_is_retried_on_a_transient_failure(capsys, platform_env, workspace):
+    path = write_jsonl(workspace / "data" / "retry.jsonl")
+    platform_env.fail["POST /api/cli/datasets/ds_3/complete"] = [(503, {"message": "busy"})]
+    result = invoke(capsys, "dataset", "upload", str(path), "-y", "--json")
+    assert result.code == 0, result.err
+    assert result.json()["resource"]["id"] == "ds_3"  # ids 1-2: the token and the workspace
+    completes = [r for r in platform_env.requests if r.path.endswith("/complete")]
+    assert len(completes) == 2 and result.json()["resource"]["status"] == "uploaded"
+
+
 def test_an_invalid_dataset_never_reaches_the_platform(capsys, platform_env, workspace):
     path = write_jsonl(workspace / "data" / "short.jsonl", ROWS[:2])
     result = invoke(capsys, "dataset", "upload", str(path), "-y", "--json")
