@@ -56,8 +56,8 @@ async def dispatcher_pool(
     clients: list[httpx.AsyncClient] = []
 
     def make(generation: GenerationChoice) -> Dispatcher:
-        # Plain HTTP on loopback: the lean transport, no CA bundle to load.
-        client = async_client(timeout=HTTP_TIMEOUT_SEC, verify=False)
+        # A plain-http server needs no CA bundle loaded; an https one is checked as usual.
+        client = async_client(timeout=HTTP_TIMEOUT_SEC, verify=server_url.startswith("https:"))
         clients.append(client)
         return Dispatcher(server_url, service, generation=generation, http_client=client)
 
