@@ -244,18 +244,7 @@ class CallRecorder:
         if logprobs is None:
             return
         try:
-            if isinstance(logprobs, dict):
-                content = logprobs.get("content")
-                if content is None:
-                    content = logprobs.get("token_logprobs")
-                    values = [float(v) for v in content] if content is not None else []
-                else:
-                    values = [float(entry["logprob"]) for entry in content]
-                    self._names(content)
-            elif isinstance(logprobs, list):
-                values = [float(v) for v in logprobs]
-            else:
-                raise TypeError(type(logprobs).__name__)
+            values = self._logprob_values(logprobs)
         except (KeyError, TypeError, ValueError):
             self.note("upstream logprobs have an unknown shape")
             return
@@ -263,6 +252,22 @@ class CallRecorder:
             self._logprobs = values
         else:
             self._logprobs.extend(values)
+
+    def _logprob_values(self, logprobs: object) -> list[float]:
+        """One float per token from OpenAI's ``content`` entries (whose token names may
+        carry ids), a legacy ``token_logprobs`` list, or a bare list; raises on any other
+        shape."""
+        if isinstance(logprobs, dict):
+            content = logprobs.get("content")
+            if content is None:
+                content = logprobs.get("token_logprobs")
+                return [float(v) for v in content] if content is not None else []
+            values = [float(entry["logprob"]) for entry in content]
+            self._names(content)
+            return values
+        if isinstance(logprobs, list):
+            return [float(v) for v in logprobs]
+        raise TypeError(type(logprobs).__name__)
 
     def _names(self, content: list[dict[str, Any]]) -> None:
         # Token ids encoded in token names; used only when no token_ids came at all.
