@@ -35,6 +35,7 @@ class Principal:
     name: str | None
     token_id: str
     expires_at: datetime
+    touch_due: bool = False  # last_used_at is older than LAST_USED_RESOLUTION (not updated)
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,14 @@ def issue_token(
 
 
 def authenticate(
-    session: Session, raw: str | None, *, platform_url: str, now: datetime
+    session: Session, raw: str | None, *, platform_url: str, now: datetime, touch: bool = True
 ) -> Principal:
-    """The principal of bearer token ``raw`` on the platform at ``platform_url``."""
+    """The principal of bearer token ``raw`` on the platform at ``platform_url``.
+
+    With ``touch`` the token's ``last_used_at`` is brought up to date when it is due; without
+    it nothing is written (for a read-only transaction) and ``touch_due`` says whether
+    :func:`touch_token` should be called in a write transaction.
+    """
     if not raw:
         raise AuthenticationFailed(
             "Authentication required: send Authorization: Bearer <token> "
@@ -128,7 +134,8 @@ def authenticate(
     user = session.get(User, token.user_id)
     if user is None:  # the foreign key cascades, so only a race with a deletion gets here
         raise AuthenticationFailed("The token's user no longer exists.", code="TOKEN_INVALID")
-    if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+    due = _touch_due(token, now)
+    if due and touch:
         token.last_used_at = now
     return Principal(
         user_id=user.id,
@@ -136,7 +143,19 @@ def authenticate(
         name=user.name,
         token_id=token.id,
         expires_at=token.expires_at,
+        touch_due=due and not touch,
     )
+
+
+def _touch_due(token: Token, now: datetime) -> bool:
+    return token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION
+
+
+def touch_token(session: Session, token_id: str, *, now: datetime) -> None:
+    """Record that the token was used at ``now`` (at most once per LAST_USED_RESOLUTION)."""
+    token = session.get(Token, token_id)
+    if token is not None and _touch_due(token, now):
+        token.last_used_at = now
 
 
 def revoke_token(

@@ -1,8 +1,9 @@
 """What routes depend on: the running platform, the caller's principal, its workspace.
 
 Routes get plain values (``Principal``, ``WorkspaceAccess``) and open their own transaction
-with ``platform.transaction()`` around one service call, so a commit always happens before
-the answer is sent.
+around one service call: ``platform.transaction()`` to write, so a commit always happens
+before the answer is sent, or ``platform.read()`` to only read (on SQLite it never waits
+for the write lock). Authentication and the workspace lookup only read.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.auth import Principal, authenticate
+from osmosis_ai.platform.auth import Principal, authenticate, touch_token
 from osmosis_ai.platform.errors import InvalidRequest, NotFound
 from osmosis_ai.platform.services.accounts import (
     WorkspaceAccess,
@@ -49,6 +50,11 @@ class Platform:
         with self.database.transaction() as session:
             yield session
 
+    @contextmanager
+    def read(self) -> Generator[Session]:
+        with self.database.read() as session:
+            yield session
+
 
 def current_platform(request: Request) -> Platform:
     platform = request.app.state.platform
@@ -70,10 +76,15 @@ def bearer_token(request: Request) -> str | None:
 def authenticated(request: Request, platform: PlatformDep) -> Principal:
     """The caller, from ``Authorization: Bearer <token>``; 401 with a code otherwise."""
     raw = bearer_token(request)
-    with platform.transaction() as session:
-        return authenticate(
-            session, raw, platform_url=platform.settings.public_url, now=platform.now()
+    now = platform.now()
+    with platform.read() as session:
+        principal = authenticate(
+            session, raw, platform_url=platform.settings.public_url, now=now, touch=False
         )
+    if principal.touch_due:  # at most once a minute per token
+        with platform.transaction() as session:
+            touch_token(session, principal.token_id, now=now)
+    return principal
 
 
 PrincipalDep = Annotated[Principal, Depends(authenticated)]
@@ -87,7 +98,7 @@ def optional_workspace(
     name = request.headers.get(WORKSPACE_HEADER)
     if not git and not name:
         return None
-    with platform.transaction() as session:
+    with platform.read() as session:
         if git:
             try:
                 repo = normalize_repo(git)

@@ -99,7 +99,7 @@ def list_base_models(
     limit: Annotated[int, Query()] = MAX_PAGE,
     offset: Annotated[int, Query()] = 0,
 ) -> BaseModelsPageOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         page = service.list_base_models(session, workspace.id, limit=limit, offset=offset)
         creators = service.creator_names(session, page.items)
     return BaseModelsPageOut(
@@ -117,7 +117,7 @@ def list_lora_models(
     limit: Annotated[int, Query()] = MAX_PAGE,
     offset: Annotated[int, Query()] = 0,
 ) -> LoraModelsPageOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         page = service.list_lora_models(session, workspace.id, limit=limit, offset=offset)
         active = service.active_deployments(session, workspace.id)
     return LoraModelsPageOut(
@@ -134,7 +134,7 @@ def list_lora_models(
 def get_base_model(
     name_or_path: str, platform: PlatformDep, workspace: WorkspaceDep
 ) -> BaseModelDetailOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         model = service.get_base_model(session, workspace.id, name_or_path)
         creators = service.creator_names(session, [model])
     config = service.model_config(model)
@@ -150,6 +150,6 @@ def get_base_model(
 
 @router.get("/{name}")
 def get_lora_model(name: str, platform: PlatformDep, workspace: WorkspaceDep) -> LoraModelDetailOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         model = service.get_lora_model(session, workspace.id, name)
     return LoraModelDetailOut(**_lora_out(model).model_dump())

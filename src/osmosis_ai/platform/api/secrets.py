@@ -86,7 +86,7 @@ def list_secrets(
     limit: Annotated[int, Query()] = MAX_PAGE,
     offset: Annotated[int, Query()] = 0,
 ) -> SecretsPageOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         page = service.list_secrets(
             session, workspace, principal.user_id, scope=scope, limit=limit, offset=offset
         )

@@ -24,7 +24,7 @@ class WorkspacesOut(WireModel):
 
 @router.get("/workspaces")
 def list_workspaces(principal: PrincipalDep, platform: PlatformDep) -> WorkspacesOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         found = workspaces_of(session, principal.user_id)
     return WorkspacesOut(
         workspaces=[
