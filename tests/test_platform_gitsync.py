@@ -79,7 +79,13 @@ async def list_rollouts(harness, member, **params):
 async def test_each_branch_lists_its_own_rollouts(harness, member, origin):
     main = await list_rollouts(harness, member)
     assert main["branch"] == "main"
-    assert main["sync"] == {"status": "success", "message": None, "default_branch": "main"}
+    assert main["sync"] == {
+        "status": "success",
+        "message": None,
+        "default_branch": "main",
+        "fetched": True,
+        "fetched_at": "2030-01-01T12:00:00Z",
+    }
     assert [(r["name"], r["description"]) for r in main["rollouts"]] == [
         ("alpha", "Alpha solves sums"),
         ("beta", "Beta rollout"),
@@ -105,12 +111,13 @@ async def test_each_branch_lists_its_own_rollouts(harness, member, origin):
         ]  # the second and third calls found no branch had moved
 
 
-async def test_a_push_is_picked_up_by_the_next_call(harness, member, origin):
+async def test_a_push_is_picked_up_once_the_last_fetch_is_stale(harness, member, origin):
     await list_rollouts(harness, member)
     git(origin, "rm", "-q", "-r", "rollouts/beta")
     write(origin, {"rollouts/delta/main.py": "print('delta')\n"})
     git(origin, "add", "-A")
     git(origin, "commit", "-q", "-m", "delta instead of beta")
+    harness.clock.advance(seconds=harness.settings.git_refresh_s)
     after = await list_rollouts(harness, member)
     state = {r["name"]: r["is_active"] for r in after["rollouts"]}
     assert state == {"alpha": True, "delta": True, "beta": False}
@@ -122,12 +129,14 @@ async def test_a_push_is_picked_up_by_the_next_call(harness, member, origin):
 async def test_a_deleted_branch_goes_inactive_and_returns_whole(harness, member, origin):
     await list_rollouts(harness, member, branch="feature")
     git(origin, "branch", "-q", "-m", "feature", "parked")
+    harness.clock.advance(seconds=harness.settings.git_refresh_s)
     async with harness.client() as client:
         gone = await client.get(
             "/api/cli/rollouts", params={"branch": "feature"}, headers=member.headers(REPO)
         )
     assert gone.status_code == 404 and gone.json()["code"] == "BRANCH_NOT_FOUND"
     git(origin, "branch", "-q", "-m", "parked", "feature")  # same commit as before
+    harness.clock.advance(seconds=harness.settings.git_refresh_s)
     back = await list_rollouts(harness, member, branch="feature")
     assert {r["name"]: r["is_active"] for r in back["rollouts"]} == {"alpha": True, "gamma": True}
 
@@ -200,3 +209,104 @@ def test_syncs_of_one_workspace_running_together_record_each_move_once(harness, 
     assert sum(b.changed for o in outcomes for b in o.branches) == 2
     with harness.platform.transaction() as session:
         assert len(session.scalars(select(GitSyncEvent)).all()) == 2
+
+
+async def test_listings_within_the_refresh_window_reuse_the_last_fetch(harness, member, origin):
+    first = await list_rollouts(harness, member)
+    assert first["sync"]["fetched"] is True
+    fetched_at = first["sync"]["fetched_at"]
+    git(origin, "rm", "-q", "-r", "rollouts/beta")
+    git(origin, "commit", "-q", "-m", "no beta")
+    harness.clock.advance(seconds=harness.settings.git_refresh_s - 0.5)
+    again = await list_rollouts(harness, member)
+    assert again["sync"]["fetched"] is False and again["sync"]["fetched_at"] == fetched_at
+    assert [r["name"] for r in again["rollouts"] if r["is_active"]] == ["alpha", "beta"]
+    feature = await list_rollouts(harness, member, branch="feature")  # branches known too
+    assert [r["name"] for r in feature["rollouts"]] == ["alpha", "gamma"]
+    async with harness.client() as client:
+        unknown = await client.get(
+            "/api/cli/rollouts", params={"branch": "nope"}, headers=member.headers(REPO)
+        )
+        assert unknown.status_code == 404 and unknown.json()["code"] == "BRANCH_NOT_FOUND"
+        synced = await client.post("/api/cli/rollouts/sync", headers=member.headers(REPO))
+    assert synced.status_code == 200  # an explicit sync always fetches
+    assert {b["name"]: b["changed"] for b in synced.json()["branches"]}["main"] is True
+    after = await list_rollouts(harness, member)
+    assert after["sync"]["fetched"] is False
+    assert [r["name"] for r in after["rollouts"] if r["is_active"]] == ["alpha"]
+
+
+async def test_a_failed_fetch_is_not_reused(harness, member, origin, tmp_path):
+    await list_rollouts(harness, member)
+    harness.clock.advance(seconds=harness.settings.git_refresh_s)
+    origin.rename(tmp_path / "moved")
+    failed = await list_rollouts(harness, member)
+    assert failed["sync"]["status"] == "failed" and failed["sync"]["fetched"] is True
+    (tmp_path / "moved").rename(origin)
+    retried = await list_rollouts(harness, member)  # no clock move: the failure is not cached
+    assert retried["sync"]["status"] == "success" and retried["sync"]["fetched"] is True
+
+
+async def test_a_clock_that_went_back_fetches_again(harness, member):
+    await list_rollouts(harness, member)
+    harness.clock.advance(seconds=-60)
+    assert (await list_rollouts(harness, member))["sync"]["fetched"] is True
+
+
+def test_many_listings_at_once_fetch_once(harness, member, origin, monkeypatch):
+    import threading
+    from datetime import timedelta
+
+    from osmosis_ai.platform import gitsync
+    from osmosis_ai.platform.services.rollouts import sync_workspace
+    from osmosis_ai.platform.store.orm import Workspace
+
+    with harness.platform.read() as session:
+        workspace_id = session.scalar(select(Workspace.id).where(Workspace.name == "Team"))
+    fetches = []
+    real_fetch = gitsync.fetch
+
+    def counting_fetch(*args, **kwargs):
+        fetches.append(args[0])
+        return real_fetch(*args, **kwargs)
+
+    monkeypatch.setattr(gitsync, "fetch", counting_fetch)
+    outcomes = []
+    start = threading.Barrier(8)
+
+    def listing():
+        start.wait()
+        outcomes.append(
+            sync_workspace(
+                harness.platform.database,
+                harness.settings,
+                workspace_id,
+                now=harness.clock,
+                max_age=timedelta(seconds=5),
+            )
+        )
+
+    threads = [threading.Thread(target=listing) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert fetches == [str(origin)]
+    assert sorted(o.fetched for o in outcomes) == [False] * 7 + [True]
+    assert all(o.status == "success" and o.default_branch == "main" for o in outcomes)
+    assert {b.name for o in outcomes for b in o.branches} == {"main", "feature"}
+
+
+def test_the_refresh_window_is_configurable_and_checked(tmp_path, monkeypatch):
+    from osmosis_ai.errors import ConfigError
+    from osmosis_ai.platform.settings import GIT_REFRESH_ENV, load_settings
+
+    assert load_settings(data_dir=tmp_path).git_refresh_s == 5.0
+    monkeypatch.setenv(GIT_REFRESH_ENV, "0")
+    assert load_settings(data_dir=tmp_path).git_refresh_s == 0.0
+    assert load_settings(data_dir=tmp_path, git_refresh_s=30).git_refresh_s == 30.0
+    monkeypatch.setenv(GIT_REFRESH_ENV, "soon")
+    with pytest.raises(ConfigError, match=GIT_REFRESH_ENV):
+        load_settings(data_dir=tmp_path)
+    with pytest.raises(ConfigError, match="0 to 86400"):
+        load_settings(data_dir=tmp_path, git_refresh_s=-1)

@@ -21,6 +21,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8480
 DATA_DIR_ENV = "OSMOSIS_PLATFORM_DATA_DIR"
 DATABASE_URL_ENV = "OSMOSIS_PLATFORM_DATABASE_URL"
+GIT_REFRESH_ENV = "OSMOSIS_PLATFORM_GIT_REFRESH_S"
+# How old a workspace's last Git fetch may be before a rollout listing fetches again.
+DEFAULT_GIT_REFRESH_S = 5.0
 SETTINGS_FILE = "settings.json"
 SQLITE_FILE = "platform.db"
 
@@ -34,6 +37,7 @@ class PlatformSettings:
     public_url: str
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
+    git_refresh_s: float = DEFAULT_GIT_REFRESH_S  # 0: every listing fetches
 
     @property
     def is_sqlite(self) -> bool:
@@ -67,6 +71,7 @@ def load_settings(
     host: str = DEFAULT_HOST,
     port: int | None = None,
     use_saved_public_url: bool = True,
+    git_refresh_s: float | None = None,
 ) -> PlatformSettings:
     """Settings from arguments, then the environment, then the data dir's ``settings.json``.
 
@@ -90,7 +95,27 @@ def load_settings(
         public_url=normalize_url(public),
         host=host,
         port=chosen_port,
+        git_refresh_s=_git_refresh(git_refresh_s),
     )
+
+
+def _git_refresh(value: float | None) -> float:
+    if value is None:
+        text = os.environ.get(GIT_REFRESH_ENV, "").strip()
+        if not text:
+            return DEFAULT_GIT_REFRESH_S
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(
+                f"{GIT_REFRESH_ENV}={text!r} is not a number of seconds: give e.g. 5, or 0 "
+                "to fetch on every rollout listing."
+            ) from None
+    if not 0 <= value <= 86_400:  # NaN fails too
+        raise ConfigError(
+            f"A Git refresh window of {value} s is out of range: give 0 to 86400 seconds."
+        )
+    return float(value)
 
 
 def normalize_url(url: str) -> str:

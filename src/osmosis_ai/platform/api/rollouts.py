@@ -1,9 +1,10 @@
-"""``GET /api/cli/rollouts?branch=`` (syncs the repository first) and
-``POST /api/cli/rollouts/sync`` (an explicit re-sync that reports failure as 502)."""
+"""``GET /api/cli/rollouts?branch=`` (syncs the repository first, unless it was fetched less
+than the settings' ``git_refresh_s`` ago) and ``POST /api/cli/rollouts/sync`` (an explicit
+re-sync that always fetches and reports failure as 502)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fastapi import APIRouter, Query
 
@@ -31,6 +32,8 @@ class SyncStatusOut(WireModel):
     status: str
     message: str | None = None
     default_branch: str | None = None
+    fetched: bool = True  # False: this answer reuses a recent fetch
+    fetched_at: datetime | None = None
 
 
 class BranchOut(WireModel):
@@ -64,7 +67,11 @@ def list_rollouts(
     offset: int = Query(default=0),
 ) -> RolloutsOut:
     outcome = rollouts.sync_workspace(
-        platform.database, platform.settings, workspace.id, now=platform.now
+        platform.database,
+        platform.settings,
+        workspace.id,
+        now=platform.now,
+        max_age=timedelta(seconds=platform.settings.git_refresh_s),
     )
     if outcome.status == "success" and branch and branch not in outcome.branch_names:
         raise NotFound(
@@ -72,7 +79,7 @@ def list_rollouts(
             code="BRANCH_NOT_FOUND",
             field="branch",
         )
-    with platform.transaction() as session:
+    with platform.read() as session:
         page = rollouts.list_rollouts(
             session, workspace.id, branch=branch, limit=limit, offset=offset
         )
@@ -99,6 +106,8 @@ def list_rollouts(
             status=outcome.status,
             message=outcome.message,
             default_branch=outcome.default_branch,
+            fetched=outcome.fetched,
+            fetched_at=outcome.fetched_at,
         ),
     )
 

@@ -6,13 +6,18 @@ hold each branch's head as of the last sync, so only branches that moved are rea
 those gets a ``GitSyncEvent`` (commit, author, success), a failed fetch gets one failed
 event. Rollouts gone from a branch, or on a deleted branch, turn inactive; the repository's
 default branch is learnt on the way.
+
+A listing need not fetch each time: given ``max_age``, a sync whose workspace was fetched
+successfully less than ``max_age`` ago answers from that fetch (``fetched=False``), so many
+clients listing at once cause one fetch, not one each. An explicit sync and a run submit
+always fetch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -41,6 +46,8 @@ class SyncOutcome:
     message: str | None = None
     default_branch: str | None = None
     branches: list[BranchSync] = field(default_factory=list[BranchSync])
+    fetched: bool = True  # False: answered from a fetch younger than max_age
+    fetched_at: datetime | None = None  # when the fetch this answer reflects began
 
     @property
     def branch_names(self) -> set[str]:
@@ -70,15 +77,49 @@ def sync_workspace(
     *,
     now: Callable[[], datetime],
     timeout: float = gitsync.GIT_TIMEOUT_S,
+    max_age: timedelta | None = None,
 ) -> SyncOutcome:
     """Fetch the workspace's repository and record the rollouts of every branch that moved.
 
     Syncs of one workspace run one at a time (the mirror's lock is held throughout), so two
-    never record the same branch move twice.
+    never record the same branch move twice. With ``max_age``, a fetch that succeeded less
+    than ``max_age`` ago is reused instead (checked again once the lock is held, so callers
+    that queued behind a fetch reuse it).
     """
+    if max_age is not None:
+        recent = _recent_outcome(database, workspace_id, now=now, max_age=max_age)
+        if recent is not None:
+            return recent
     mirror = gitsync.mirror_path(settings.mirrors_dir, workspace_id)
     with gitsync.mirror_lock(mirror):
+        if max_age is not None:
+            recent = _recent_outcome(database, workspace_id, now=now, max_age=max_age)
+            if recent is not None:
+                return recent
         return _sync_locked(database, workspace_id, mirror, now=now, timeout=timeout)
+
+
+def _recent_outcome(
+    database: Database, workspace_id: str, *, now: Callable[[], datetime], max_age: timedelta
+) -> SyncOutcome | None:
+    """What the last fetch found, if it succeeded less than ``max_age`` ago."""
+    with database.read() as session:
+        workspace = session.get(Workspace, workspace_id)
+        if workspace is None:
+            raise NotFound(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
+        fetched_at = workspace.git_fetched_at
+        if fetched_at is None or not timedelta(0) <= now() - fetched_at < max_age:
+            return None  # never fetched, too old, or the clock went back: fetch
+        heads = session.scalars(
+            select(GitBranch).where(GitBranch.workspace_id == workspace_id).order_by(GitBranch.name)
+        ).all()
+        return SyncOutcome(
+            status="success",
+            default_branch=workspace.default_branch,
+            branches=[BranchSync(h.name, h.commit_sha, None, changed=False) for h in heads],
+            fetched=False,
+            fetched_at=fetched_at,
+        )
 
 
 def _sync_locked(
@@ -124,6 +165,7 @@ def _sync_locked(
         if workspace is None:  # deleted while git ran
             raise NotFound(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
         workspace.default_branch = default
+        workspace.git_fetched_at = started
         rows = {
             (row.branch, row.name): row
             for row in session.scalars(select(Rollout).where(Rollout.workspace_id == workspace_id))
@@ -188,7 +230,9 @@ def _sync_locked(
                 tracked.commit_sha = head.commit_sha
                 tracked.synced_at = finished
             results.append(BranchSync(head.name, head.commit_sha, len(rollouts), changed=True))
-    return SyncOutcome(status="success", default_branch=default, branches=results)
+    return SyncOutcome(
+        status="success", default_branch=default, branches=results, fetched_at=started
+    )
 
 
 def _record_branch(

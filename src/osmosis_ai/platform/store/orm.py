@@ -128,6 +128,7 @@ class Workspace(Base):
     repo_full_name: Mapped[str] = mapped_column(String(200), unique=True)
     clone_url: Mapped[str] = mapped_column(Text)
     default_branch: Mapped[str | None] = mapped_column(String(255))  # learnt by Git sync
+    git_fetched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # last good fetch
     created_at: Mapped[datetime] = _created()
 
 
