@@ -155,6 +155,45 @@ def serve_workers(app: Any, *, host: str, port: int, workers: int, options: dict
     """
     import uvicorn
 
+    _check_forkable(app, workers)
+    config = uvicorn.Config(app, host=host, port=port, **options)
+    listener = _listen(host, port, config.backlog)
+    privates = [
+        socket.create_server(("127.0.0.1", 0), backlog=config.backlog) for _ in range(workers)
+    ]
+    origins = tuple(f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in privates)
+    shared = WorkerSet(
+        index=0, origins=origins, secret=secrets.token_hex(16), root_path=config.root_path
+    )
+    supervisor = _Supervisor()
+    previous = {
+        sig: signal.signal(sig, supervisor.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        for index in range(workers):
+            supervisor.fork(config, listener, privates, dataclasses.replace(shared, index=index))
+        bound_port = listener.getsockname()[1]
+        listener.close()
+        for sock in privates:
+            sock.close()
+        logging.getLogger("uvicorn.error").info(
+            "Uvicorn running on http://%s:%d with %d workers (pids %s; Press CTRL+C to quit)",
+            host,
+            bound_port,
+            workers,
+            ", ".join(str(pid) for pid in supervisor.children),
+        )
+        supervisor.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        supervisor.kill_left()
+    if supervisor.exit_code:
+        raise SystemExit(supervisor.exit_code)
+
+
+def _check_forkable(app: Any, workers: int) -> None:
+    """:class:`UsageError` when ``workers`` processes cannot serve ``app`` here."""
     if not hasattr(os, "fork"):
         raise UsageError(
             f"workers={workers} needs os.fork, which {sys.platform} lacks: serve with workers=1"
@@ -168,82 +207,80 @@ def serve_workers(app: Any, *, host: str, port: int, workers: int, options: dict
             f"rollout's calls to the worker running it; got {type(app).__name__}: pass that "
             "app itself (its own add_middleware keeps it), or serve with workers=1"
         )
-    config = uvicorn.Config(app, host=host, port=port, **options)
+
+
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    """The shared listening socket; ``SystemExit(1)`` (logged) when it cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        listener = socket.create_server((host, port), family=family, backlog=config.backlog)
+        return socket.create_server((host, port), family=family, backlog=backlog)
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", host, port, exc)
         raise SystemExit(1) from None
-    privates = [
-        socket.create_server(("127.0.0.1", 0), backlog=config.backlog) for _ in range(workers)
-    ]
-    origins = tuple(f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in privates)
-    shared = WorkerSet(
-        index=0, origins=origins, secret=secrets.token_hex(16), root_path=config.root_path
-    )
-    bound_port = listener.getsockname()[1]
 
-    children: dict[int, int] = {}
-    stopping = False
 
-    def stop_all(signum: int = signal.SIGTERM) -> None:
-        for pid in list(children):
+class _Supervisor:
+    """The parent's side: the worker processes, and stopping them all when one dies on its
+    own or a stop signal arrives."""
+
+    def __init__(self) -> None:
+        self.children: dict[int, int] = {}
+        """Worker index by pid, for the workers still running."""
+        self.stopping = False
+        self.exit_code = 0
+
+    def fork(
+        self,
+        config: Any,
+        listener: socket.socket,
+        privates: list[socket.socket],
+        workers: WorkerSet,
+    ) -> None:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child, which never returns
+            _run_worker(config, listener, privates, workers)
+        self.children[pid] = workers.index
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+        self.stop_all()
+
+    def stop_all(self, signum: int = signal.SIGTERM) -> None:
+        for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        stop_all()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    exit_code = 0
-    try:
-        for index in range(workers):
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child, which never returns
-                _run_worker(config, listener, privates, dataclasses.replace(shared, index=index))
-            children[pid] = index
-        listener.close()
-        for sock in privates:
-            sock.close()
-        logging.getLogger("uvicorn.error").info(
-            "Uvicorn running on http://%s:%d with %d workers (pids %s; Press CTRL+C to quit)",
-            host,
-            bound_port,
-            workers,
-            ", ".join(str(pid) for pid in children),
-        )
-        while children:
+    def wait(self) -> None:
+        """Reap the workers until none is left; the first to exit on its own stops the rest
+        and sets :attr:`exit_code`."""
+        while self.children:
             try:
                 pid, status = os.waitpid(-1, 0)
             except ChildProcessError:
                 break
-            index = children.pop(pid, None)
-            if index is None:
-                continue
-            code = os.waitstatus_to_exitcode(status)
-            if not stopping:
-                logger.error(
-                    "rollout worker %d (pid %d) exited on its own with %s; stopping the others",
-                    index,
-                    pid,
-                    _describe_exit(code),
-                )
-                exit_code = code if code > 0 else 1
-                stopping = True
-                stop_all()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if children:  # the parent itself failed: leave no worker behind
-            stop_all(signal.SIGKILL)
-            for pid in list(children):
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-    if exit_code:
-        raise SystemExit(exit_code)
+            index = self.children.pop(pid, None)
+            if index is not None and not self.stopping:
+                self._died_on_its_own(index, pid, os.waitstatus_to_exitcode(status))
+
+    def _died_on_its_own(self, index: int, pid: int, code: int) -> None:
+        logger.error(
+            "rollout worker %d (pid %d) exited on its own with %s; stopping the others",
+            index,
+            pid,
+            _describe_exit(code),
+        )
+        self.exit_code = code if code > 0 else 1
+        self.stopping = True
+        self.stop_all()
+
+    def kill_left(self) -> None:
+        """When the parent itself failed: leave no worker behind."""
+        if not self.children:
+            return
+        self.stop_all(signal.SIGKILL)
+        for pid in list(self.children):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 def _describe_exit(code: int) -> str:
