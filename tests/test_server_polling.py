@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout import (
     AgentWorkflow,
     ExecutionBackend,
@@ -528,6 +529,14 @@ def test_server_option_validation(options, message):
     assert message in str(raised.value)
     assert isinstance(raised.value, ValueError)  # what these raised before they had a name
     assert "secret-bytes" not in str(raised.value)
+
+
+def test_the_server_package_exports_its_option_error():
+    import osmosis_ai.rollout.server as server
+
+    assert server.__all__ == ["ServerOptionError", "create_rollout_server", "run_rollout_server"]
+    assert server.ServerOptionError is ServerOptionError
+    assert issubclass(server.ServerOptionError, UsageError)
 
 
 async def test_health_body_and_headers(artifact_root, monkeypatch):

@@ -7,7 +7,7 @@ A rollout entrypoint builds a backend and serves it::
         run_rollout_server(app)   # 127.0.0.1:$_OSMOSIS_ROLLOUT_PORT (default 8000)
 """
 
-from osmosis_ai.rollout.server.app import create_rollout_server
+from osmosis_ai.rollout.server.app import ServerOptionError, create_rollout_server
 from osmosis_ai.rollout.server.run import run_rollout_server
 
-__all__ = ["create_rollout_server", "run_rollout_server"]
+__all__ = ["ServerOptionError", "create_rollout_server", "run_rollout_server"]
