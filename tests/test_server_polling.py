@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import Callable
@@ -273,7 +274,7 @@ async def test_result_auth_order_and_idempotent_terminal_body(artifact_root):
         again = await client.get("/rollout/a/result", headers={LEASE: lease})
         assert again.json() == {k: v for k, v in first.items() if k != "_seen"}
         assert (await client.get("/rollout/a/result", headers={LEASE: "nope"})).status_code == 403
-        dup = await client.post("/rollout", json=init_body("a", "http://127.0.0.1:9/v1"))
+        dup = await client.post("/rollout", json=init_body("a", "http://127.0.0.1:9/v2"))
         assert (dup.status_code, dup.json()) == (
             409,
             {"detail": "rollout_id is already registered"},
@@ -294,7 +295,118 @@ async def test_retention_then_id_is_free_again(artifact_root):
             lambda answer: answer.status_code == 404,
         )
         assert time.monotonic() - admitted >= 0.2  # not before the retention ran out
-        await submit(client, init_body("ret", "http://127.0.0.1:9/v1"))
+        # the same body once more: the first admission is forgotten, so a new one, new lease
+        again = await submit(client, init_body("ret", "http://127.0.0.1:9/v1"))
+        assert again != lease
+        assert (await poll_until_done(client, "ret", again))["status"] == "success"
+
+
+RUNS: list[str] = []
+
+
+class CountedGated(Gated):
+    """:class:`Gated`, noting each run's rollout id in :data:`RUNS`."""
+
+    async def run(self, ctx):
+        RUNS.append((ctx.metadata or {}).get("gate", "?"))
+        return await super().run(ctx)
+
+
+class ToggledCapacity(LocalBackend):
+    """Refuses new rollouts (429) while ``full`` is set."""
+
+    full = False
+
+    def has_capacity(self) -> bool:
+        return not self.full and super().has_capacity()
+
+
+async def test_a_resent_identical_body_gets_the_same_lease_and_runs_once(artifact_root):
+    RUNS.clear()
+    backend = ToggledCapacity(workflow=CountedGated, grader=GatedGrader)
+    async with (
+        rollout_server(backend, result_retention_sec=60) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+    ):
+        body = json.dumps(init_body("rp", "http://127.0.0.1:9/v1", metadata={"gate": "rp"}))
+        first = await client.post("/rollout", content=body)
+        assert first.status_code == 202
+        # the same bytes again: the same answer, lease included, and no second run
+        again = await client.post("/rollout", content=body)
+        assert (again.status_code, again.json()) == (202, first.json())
+        lease = first.json()["polling_lease_token"]
+        # another body for the held id is refused as the protocol says, even one byte off
+        other = body.replace('"42"', '"43"')
+        assert other != body
+        refused = await client.post("/rollout", content=other)
+        assert (refused.status_code, refused.json()) == (
+            409,
+            {"detail": "rollout_id is already registered"},
+        )
+        # a replay is no new admission: a full server still answers it
+        backend.full = True
+        assert (await client.post("/rollout", content=body)).json() == first.json()
+        full = await client.post("/rollout", json=init_body("new", "http://127.0.0.1:9/v1"))
+        assert full.status_code == 429
+        backend.full = False
+        gate("rp").set()
+        result = await poll_until_done(client, "rp", lease)
+        assert result["status"] == "success", result
+        assert result["sample"]["reward"] == 1.0
+        # finished, within retention: the replay still recovers the lease, and with it the
+        # result
+        late = await client.post("/rollout", content=body)
+        assert (late.status_code, late.json()) == (202, first.json())
+        polled = await client.get("/rollout/rp/result", headers={LEASE: lease})
+        assert polled.json() == {k: v for k, v in result.items() if k != "_seen"}
+    assert RUNS == ["rp"]
+
+
+async def test_a_body_without_an_llm_api_key_cannot_recover_its_lease(artifact_root):
+    backend = LocalBackend(workflow=Gated)
+    async with rollout_server(backend) as url, httpx.AsyncClient(base_url=url) as client:
+        body = init_body("bare", "http://127.0.0.1:9/v1", metadata={"gate": "bare"})
+        del body["llm_api_key"]  # nothing secret in it: knowing it proves nothing
+        raw = json.dumps(body)
+        assert (await client.post("/rollout", content=raw)).status_code == 202
+        again = await client.post("/rollout", content=raw)
+        assert (again.status_code, again.json()) == (
+            409,
+            {"detail": "rollout_id is already registered"},
+        )
+        gate("bare").set()
+
+
+async def test_the_lease_is_kept_sealed_and_a_replay_renews_it():
+    registry = registry_module.Registry(
+        polling_lease_timeout_sec=60, result_retention_sec=60, on_lease_expired=lambda e: None
+    )
+    body = b'{"rollout_id":"s","llm_api_key":"k"}'
+    entry, token = registry.admit("s", "polling", body=body)
+    assert token is not None and len(token) == 43
+    # neither the token nor its bytes are held: only a digest, and a sealed copy
+    raw = base64.urlsafe_b64decode(token + "=")
+    held = [v for v in vars(entry).values() if isinstance(v, bytes | str)]
+    assert held and not any(token in str(v) or raw in v for v in held if isinstance(v, bytes))
+    assert not any(token in v for v in held if isinstance(v, str))
+    assert registry.replay("s", body + b" ") is None
+    assert registry.replay("t", body) is None
+    deadline = entry.lease_deadline
+    await asyncio.sleep(0.01)
+    assert registry.replay("s", body) == token
+    assert entry.lease_deadline > deadline
+    # another registry (another server, or a restart) cannot open it, even with the body
+    other = registry_module.Registry(
+        polling_lease_timeout_sec=60, result_retention_sec=60, on_lease_expired=lambda e: None
+    )
+    other.entries["s"] = entry
+    assert other.replay("s", body) is None
+    unsealed, bare = registry.admit("u", "polling")
+    assert unsealed.replay_digest is None and bare is not None
+    assert registry.replay("u", b"") is None
+    for held_entry in (entry, unsealed):
+        assert held_entry.lease_timer is not None
+        held_entry.lease_timer.cancel()
 
 
 async def test_lease_expiry_cancels_the_rollout(artifact_root):

@@ -4,6 +4,11 @@ Both protocol generations share one ``POST /rollout``: a body naming
 ``completion_callback_url`` runs the callback generation (202 ``{}``, then completion and
 grader callbacks); any other body runs the polling generation (202 with a lease, then
 ``GET /rollout/{id}/result`` long-polls). Status, cancel and health serve both.
+
+A polling ``POST /rollout`` sent again byte for byte while its rollout is held (a resend
+after a lost answer) is answered as the first was, lease included; another body for a held
+id gets 409. Only a body carrying an ``llm_api_key`` (the controller's secret) may be
+replayed: having the whole body, that key included, proves the sender is the one who sent it.
 """
 
 from __future__ import annotations
@@ -240,20 +245,32 @@ class RolloutServer:
         except ValidationError as exc:
             return _validation_error(exc)
         runner = self.runner
-        if runner is None or not self.accepting:
+        if runner is None:
+            return self._unavailable()
+        replayable = init.generation == "polling" and init.llm_api_key is not None
+        if replayable and init.rollout_id is not None:
+            # (a replay is no new admission: it is answered while draining or full too)
+            token = runner.registry.replay(init.rollout_id, body)
+            if token is not None:
+                return self._admitted(init.rollout_id, token)
+        if not self.accepting:
             return self._unavailable()
         if not self.backend.has_capacity():
             return _QUEUE_FULL
         try:
-            admitted = runner.start(init)
+            admitted = runner.start(init, body=body if replayable else None)
         except DuplicateRolloutError:
             return _DUPLICATE
         if admitted.lease is None:
             return _CALLBACK_ADMITTED
+        return self._admitted(admitted.rollout_id, admitted.lease)
+
+    def _admitted(self, rollout_id: str, token: str) -> _Answer:
+        """The 202 of a polling-generation admission (and of its replays)."""
         lease = {
-            "rollout_id": admitted.rollout_id,
+            "rollout_id": rollout_id,
             "status": RolloutStatus.QUEUED.value,
-            "polling_lease_token": admitted.lease,
+            "polling_lease_token": token,
             "result_wait_timeout_sec": self.result_wait_timeout_sec,
             "polling_lease_timeout_sec": self.polling_lease_timeout_sec,
         }

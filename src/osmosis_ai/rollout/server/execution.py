@@ -68,9 +68,11 @@ class RolloutRunner:
 
     # -- admission -----------------------------------------------------------------------
 
-    def start(self, init: RolloutInitRequest) -> Admitted:
+    def start(self, init: RolloutInitRequest, *, body: bytes | None = None) -> Admitted:
+        """Admit and start ``init``; ``body``: its raw request, when a replay of it may
+        recover the lease (see :meth:`Registry.replay`)."""
         rollout_id = init.rollout_id or uuid.uuid4().hex
-        entry, lease = self.registry.admit(rollout_id, init.generation)
+        entry, lease = self.registry.admit(rollout_id, init.generation, body=body)
         task = asyncio.create_task(self._run(entry, init), name=f"rollout:{rollout_id}")
         self.registry.attach(entry, task)
         return Admitted(rollout_id, lease)

@@ -5,6 +5,11 @@ is kept) that every poll renews; when polls stop for longer than the lease, a ti
 the rollout with ``lease_expired``. Terminal results are kept, pre-encoded, for the
 retention period, after which the id is forgotten and may be admitted again.
 
+An entry admitted from a body that carries an ``llm_api_key`` also keeps a keyed BLAKE2b
+digest of that body and the lease sealed under a pad derived from the body alone, so
+:meth:`Registry.replay` can hand the lease back to whoever sends the very same body again,
+while nothing the server holds yields the lease without that body.
+
 A long poll returns at every status change. A progress change (``running``, ``grading``)
 wakes it once it has lasted :data:`PROGRESS_COALESCE_SEC`, so a rollout that moves on at
 once (a quick grader) answers its poll with the later state, and the poll that a
@@ -30,6 +35,7 @@ from osmosis_ai.rollout.sample import RolloutSample
 from osmosis_ai.rollout.status import RolloutErrorCategory, RolloutStatus
 
 PROGRESS_COALESCE_SEC = 0.05
+_TOKEN_BYTES = 32
 
 
 class DuplicateRolloutError(Exception):
@@ -45,6 +51,10 @@ class Entry:
     status: RolloutStatus = RolloutStatus.QUEUED
     task: asyncio.Task[None] | None = None
     lease_digest: bytes | None = None
+    replay_digest: bytes | None = None
+    """Keyed digest of the admitting body (set when it may be replayed, see Registry.replay)."""
+    sealed_lease: bytes | None = None
+    """The lease token's bytes XOR a pad that only the admitting body yields."""
     lease_deadline: float = 0.0
     lease_timer: asyncio.TimerHandle | None = None
     progress_timer: asyncio.TimerHandle | None = None
@@ -70,6 +80,15 @@ class Entry:
                 "err_category": None,
             }
         ).encode()
+
+
+def _token_text(raw: bytes) -> str:
+    """A lease token as sent: URL-safe base64 without padding (43 characters)."""
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _xor(data: bytes, pad: bytes) -> bytes:
+    return bytes(a ^ b for a, b in zip(data, pad, strict=True))
 
 
 def result_body(
@@ -139,25 +158,57 @@ class Registry:
         self._on_lease_expired = on_lease_expired
         self.entries: dict[str, Entry] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self._replay_key = secrets.token_bytes(32)
 
     # -- admission -----------------------------------------------------------------------
 
-    def admit(self, rollout_id: str, generation: Generation) -> tuple[Entry, str | None]:
-        """Register a rollout; returns the entry and, for the polling generation, its lease."""
+    def admit(
+        self, rollout_id: str, generation: Generation, *, body: bytes | None = None
+    ) -> tuple[Entry, str | None]:
+        """Register a rollout; returns the entry and, for the polling generation, its lease.
+
+        ``body``: the raw request that admitted it, when a replay of it may recover the
+        lease (see :meth:`replay`); ``None`` keeps the lease unrecoverable.
+        """
         existing = self.entries.get(rollout_id)
         if existing is not None and (generation == "polling" or existing.generation == "polling"):
             raise DuplicateRolloutError(rollout_id)
         entry = Entry(rollout_id, generation)
         token: str | None = None
         if generation == "polling":
-            token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+            raw = secrets.token_bytes(_TOKEN_BYTES)
+            token = _token_text(raw)
             entry.lease_digest = hashlib.sha256(token.encode()).digest()
+            if body is not None:
+                entry.replay_digest, pad = self._replay_keys(body)
+                entry.sealed_lease = _xor(raw, pad)
             entry.lease_deadline = time.monotonic() + self.lease_timeout
             entry.lease_timer = asyncio.get_running_loop().call_at(
                 entry.lease_deadline, self._lease_check, entry
             )
         self.entries[rollout_id] = entry
         return entry, token
+
+    def replay(self, rollout_id: str, body: bytes) -> str | None:
+        """The lease of the held rollout ``rollout_id`` when ``body`` is, byte for byte, the
+        request that admitted it (admitted with ``body=``); else ``None``. A replay renews
+        an unexpired lease, as a poll does: its sender is about to poll."""
+        entry = self.entries.get(rollout_id)
+        if entry is None or entry.replay_digest is None or entry.sealed_lease is None:
+            return None
+        digest, pad = self._replay_keys(body)
+        if not hmac.compare_digest(entry.replay_digest, digest):
+            return None
+        now = time.monotonic()
+        if not entry.terminal and now < entry.lease_deadline:
+            entry.lease_deadline = now + self.lease_timeout
+        return _token_text(_xor(entry.sealed_lease, pad))
+
+    def _replay_keys(self, body: bytes) -> tuple[bytes, bytes]:
+        """``(digest, pad)`` of a request body: two halves of one keyed BLAKE2b, so the
+        digest kept for comparison says nothing of the pad that seals the lease."""
+        both = hashlib.blake2b(body, digest_size=2 * _TOKEN_BYTES, key=self._replay_key).digest()
+        return both[:_TOKEN_BYTES], both[_TOKEN_BYTES:]
 
     def attach(self, entry: Entry, task: asyncio.Task[None]) -> None:
         entry.task = task
