@@ -14,7 +14,6 @@ from osmosis_ai.controller.errors import (
     UpstreamError,
     UpstreamRequestError,
 )
-from osmosis_ai.rollout.asgi import Send, send_body
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -63,6 +62,6 @@ def upstream_error_reply(exc: UpstreamError) -> tuple[int, bytes]:
     return 502, error_body(str(exc), "upstream_error", code)
 
 
-async def send_error(send: Send, status: int, message: str, code: str | None = None) -> None:
-    """An OpenAI-style error answer; ``status`` is one the proxy answers on its own."""
-    await send_body(send, status, error_body(message, _ERROR_TYPES[status], code))
+def error_reply(status: int, message: str, code: str | None = None) -> tuple[int, bytes]:
+    """The status and OpenAI-style error body of an answer the proxy gives on its own."""
+    return status, error_body(message, _ERROR_TYPES[status], code)

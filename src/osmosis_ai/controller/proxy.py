@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from osmosis_ai.controller.asgi import dumps, send_error, upstream_error_reply
+from osmosis_ai.controller.asgi import dumps, error_reply, upstream_error_reply
 from osmosis_ai.controller.calls import CallRecord, CallRecorder, build_report
 from osmosis_ai.controller.errors import UpstreamError
 from osmosis_ai.controller.relay import ask_usage, relay_stream
@@ -34,6 +34,7 @@ _MODELS = "/models"
 
 @dataclass(slots=True)
 class _Rollout:
+    rollout_id: str
     records: list[CallRecord] = field(default_factory=list)
     next_index: int = 0
     total_tokens: int = 0
@@ -73,15 +74,14 @@ class PolicyProxy:
         self._auth = f"Bearer {self.token}".encode()
         self._also: bytes | None = None
         self._rollouts: dict[str, _Rollout] = {}
-        self._models = dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"id": name, "object": "model", "created": 0, "owned_by": "osmosis"}
-                    for name in dict.fromkeys((upstream.model, "osmosis-rollout"))
-                ],
-            }
-        )
+        models = {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "osmosis"}
+                for name in dict.fromkeys((upstream.model, "osmosis-rollout"))
+            ],
+        }
+        self._models: tuple[int, bytes] = (200, dumps(models))
 
     # -- rollouts and records --------------------------------------------------------------
 
@@ -96,7 +96,7 @@ class PolicyProxy:
             raise UsageError(f"rollout id {rollout_id!r} must be one non-empty path segment")
         if rollout_id in self._rollouts:
             raise UsageError(f"rollout id {rollout_id!r} is already registered: discard it first")
-        self._rollouts[rollout_id] = _Rollout()
+        self._rollouts[rollout_id] = _Rollout(rollout_id)
 
     def discard(self, rollout_id: str) -> list[CallRecord]:
         """Close the endpoint of ``rollout_id``; returns its remaining records (idempotent)."""
@@ -145,57 +145,17 @@ class PolicyProxy:
             await lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
-        method: str = scope["method"]
-        if not path.startswith(_PREFIX):
-            await send_error(send, 404, f"no route for {method} {path}", "not_found")
+        # The helpers return a (status, body) answer or what to go on with: no extra awaits.
+        rollout = self._route(scope)
+        if isinstance(rollout, tuple):
+            await send_body(send, *rollout)
             return
-        if not self._authorized(scope["headers"]):
-            await send_error(send, 401, "missing or wrong bearer token for the policy proxy")
+        body = self._request(await read_body(receive, self.max_body_bytes))
+        if isinstance(body, tuple):
+            await send_body(send, *body)
             return
-        raw: bytes | None = scope.get("raw_path")
-        rest = raw.decode("latin-1").partition("?")[0] if raw else path
-        rest = rest[len(_PREFIX) :]
-        if rest.endswith(_CHAT):
-            segment, allowed = rest[: -len(_CHAT)], "POST"
-        elif rest.endswith(_MODELS):
-            segment, allowed = rest[: -len(_MODELS)], "GET"
-        else:
-            await send_error(send, 404, f"no route for {method} {path}", "not_found")
-            return
-        if not segment or "/" in segment:
-            await send_error(send, 422, f"rollout id in {path!r} must be one path segment")
-            return
-        rollout_id = unquote(segment)
-        rollout = self._rollouts.get(rollout_id)
-        if rollout is None:
-            await send_error(send, 404, f"unknown rollout {rollout_id!r}", "unknown_rollout")
-            return
-        if method != allowed:
-            await send_error(send, 405, f"method {method} not allowed here; use {allowed}")
-            return
-        if allowed == "GET":
-            await send_body(send, 200, self._models)
-            return
-        raw_body = await read_body(receive, self.max_body_bytes)
-        if raw_body is None:
-            await send_error(send, 413, f"request body is over {self.max_body_bytes} bytes")
-            return
-        try:
-            body: object = json.loads(raw_body)
-        except ValueError as exc:
-            await send_error(send, 400, f"request body is not valid JSON: {exc}")
-            return
-        if not isinstance(body, dict):
-            await send_error(
-                send, 400, f"request body must be a JSON object, not {type(body).__name__}"
-            )
-            return
-        if self.request_token_data:
-            body.setdefault("logprobs", True)
-            body.setdefault("return_token_ids", True)
         index, rollout.next_index = rollout.next_index, rollout.next_index + 1
-        recorder = CallRecorder(rollout_id, index, stream=bool(body.get("stream")))
+        recorder = CallRecorder(rollout.rollout_id, index, stream=bool(body.get("stream")))
         try:
             if recorder.stream:
                 hide_usage = self.stream_usage and ask_usage(body)
@@ -214,6 +174,51 @@ class PolicyProxy:
             raise
         finally:
             self._keep(rollout, recorder.finish())
+
+    def _route(self, scope: Scope) -> _Rollout | tuple[int, bytes]:
+        """The rollout a chat call is for, or the whole answer: the model list, or a
+        refusal (unknown route, wrong bearer, bad or unknown rollout id, wrong method)."""
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if not path.startswith(_PREFIX):
+            return error_reply(404, f"no route for {method} {path}", "not_found")
+        if not self._authorized(scope["headers"]):
+            return error_reply(401, "missing or wrong bearer token for the policy proxy")
+        raw: bytes | None = scope.get("raw_path")
+        rest = raw.decode("latin-1").partition("?")[0] if raw else path
+        rest = rest[len(_PREFIX) :]
+        if rest.endswith(_CHAT):
+            segment, allowed = rest[: -len(_CHAT)], "POST"
+        elif rest.endswith(_MODELS):
+            segment, allowed = rest[: -len(_MODELS)], "GET"
+        else:
+            return error_reply(404, f"no route for {method} {path}", "not_found")
+        if not segment or "/" in segment:
+            return error_reply(422, f"rollout id in {path!r} must be one path segment")
+        rollout_id = unquote(segment)
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            return error_reply(404, f"unknown rollout {rollout_id!r}", "unknown_rollout")
+        if method != allowed:
+            return error_reply(405, f"method {method} not allowed here; use {allowed}")
+        return self._models if allowed == "GET" else rollout
+
+    def _request(self, raw_body: bytes | None) -> dict[str, Any] | tuple[int, bytes]:
+        """The chat request to forward, or the answer refusing it."""
+        if raw_body is None:
+            return error_reply(413, f"request body is over {self.max_body_bytes} bytes")
+        try:
+            body: object = json.loads(raw_body)
+        except ValueError as exc:
+            return error_reply(400, f"request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return error_reply(
+                400, f"request body must be a JSON object, not {type(body).__name__}"
+            )
+        if self.request_token_data:
+            body.setdefault("logprobs", True)
+            body.setdefault("return_token_ids", True)
+        return body
 
     def also_accept(self, token: str) -> None:
         """Accept ``token`` as well: the run's callback bearer, which servers of the first
