@@ -48,37 +48,21 @@ async def relay_stream(
     received: list[bytes] = []  # recorded once the agent has its answer
     try:
         while True:
-            items = await inbox.take()
             out: list[bytes] = []
-            finished = opened = False
-            for item in items:
-                if type(item) is bytes:
-                    if not received:
-                        recorder.arrived()
-                    received.append(item)
-                    if not (hide_usage and _usage_only(item)):
-                        out.append(b"data: " + item + b"\n\n")
-                elif item is _OPEN:
-                    opened = True
-                elif item is _TICK:
-                    out.append(_KEEPALIVE)
-                elif item is _END:
-                    out.append(_DONE)
-                    finished = True
-                    break
-                elif item is _DISCONNECT:
-                    recorder.fail(499, "the client disconnected before the stream ended")
+            last = _collect(await inbox.take(), out, received, recorder, hide_usage)
+            if last is _DISCONNECT:
+                recorder.fail(499, "the client disconnected before the stream ended")
+                return
+            finished = last is _END
+            if isinstance(last, UpstreamError):
+                status, payload = upstream_error_reply(last)
+                recorder.fail(status, str(last))
+                if not started and not out:
+                    await send_body(send, status, payload)
                     return
-                elif isinstance(item, UpstreamError):
-                    status, payload = upstream_error_reply(item)
-                    recorder.fail(status, str(item))
-                    if not started and not out:
-                        await send_body(send, status, payload)
-                        return
-                    out.append(b"event: error\ndata: " + payload + b"\n\n" + _DONE)
-                    finished = True
-                    break
-            if not started and (out or opened):
+                out.append(b"event: error\ndata: " + payload + b"\n\n" + _DONE)
+                finished = True
+            if not started and (out or last is _OPEN):
                 started = True
                 await send(_SSE_START)
             if out:
@@ -94,6 +78,37 @@ async def relay_stream(
             reader.cancel()
         # past [DONE] the reader only tidies up its connection: let it
         await asyncio.gather(reader, *watch.stop(), return_exceptions=True)
+
+
+def _collect(
+    items: list[object],
+    out: list[bytes],
+    received: list[bytes],
+    recorder: CallRecorder,
+    hide_usage: bool,
+) -> object:
+    """Append to ``out`` the SSE bytes for ``items`` and to ``received`` their payloads, up to
+    what ends the stream (``[DONE]`` is written here). Returns that end (``_END``,
+    ``_DISCONNECT`` or an :class:`UpstreamError`), else ``_OPEN`` if the upstream accepted
+    the call, else ``None``."""
+    opened = None
+    for item in items:
+        if type(item) is bytes:
+            if not received:
+                recorder.arrived()
+            received.append(item)
+            if not (hide_usage and _usage_only(item)):
+                out.append(b"data: " + item + b"\n\n")
+        elif item is _OPEN:
+            opened = _OPEN
+        elif item is _TICK:
+            out.append(_KEEPALIVE)
+        elif item is _END:
+            out.append(_DONE)
+            return _END
+        elif item is _DISCONNECT or isinstance(item, UpstreamError):
+            return item
+    return opened
 
 
 def ask_usage(body: dict[str, Any]) -> bool:
