@@ -354,23 +354,9 @@ class Connection(asyncio.Protocol):
         no_body = self._head_only or status in (204, 304)
         transfer = self._transfer
         if transfer is not None and not no_body:
-            codings = [c.strip() for c in transfer.lower().split(b",") if c.strip()]
-            if codings != [b"chunked"]:
-                shown = transfer.decode("latin-1")
-                raise RemoteProtocolError(
-                    f"unsupported transfer-encoding {shown!r}: only 'chunked' is read"
-                )
-            if self._length is not None:  # framed both ways: read as chunked, then close
-                self._keep_alive = False
+            self._check_chunked(transfer)
         if self.decode and self._encoding is not None:
-            encoding = self._encoding.lower()
-            if encoding == b"gzip":
-                self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            elif encoding == b"deflate":
-                self._decoder = zlib.decompressobj()
-            elif encoding != b"identity":
-                shown = self._encoding.decode("latin-1")
-                raise RemoteProtocolError(f"unsupported content-encoding {shown!r}")
+            self._set_decoder(self._encoding)
         if self._head_only:
             self._end()
             raise _Abandon  # llhttp would wait for the body a content-length announces
@@ -407,6 +393,26 @@ class Connection(asyncio.Protocol):
         else:  # in the body: what came after the head, when the head came with it
             near = (data.partition(b"\r\n\r\n")[2] if in_head else data)[:80]
         self._fail(RemoteProtocolError(f"malformed answer: {reason} (at {near!r})"))
+
+    def _check_chunked(self, transfer: bytes) -> None:
+        codings = [c.strip() for c in transfer.lower().split(b",") if c.strip()]
+        if codings != [b"chunked"]:
+            shown = transfer.decode("latin-1")
+            raise RemoteProtocolError(
+                f"unsupported transfer-encoding {shown!r}: only 'chunked' is read"
+            )
+        if self._length is not None:  # framed both ways: read as chunked, then close
+            self._keep_alive = False
+
+    def _set_decoder(self, content_encoding: bytes) -> None:
+        encoding = content_encoding.lower()
+        if encoding == b"gzip":
+            self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == b"deflate":
+            self._decoder = zlib.decompressobj()
+        elif encoding != b"identity":
+            shown = content_encoding.decode("latin-1")
+            raise RemoteProtocolError(f"unsupported content-encoding {shown!r}")
 
     def _deliver(self, data: bytes) -> None:
         if self._decoder is not None:
