@@ -5,6 +5,7 @@ disappears without a word (kill -9)."""
 from __future__ import annotations
 
 import os
+import socket
 import textwrap
 import threading
 import time
@@ -96,6 +97,46 @@ def test_messages_keep_their_order_size_and_bursts():
     ours.close()
     with pytest.raises(EOFError):
         other.recv()
+    other.close()
+
+
+class Watched(Channel):
+    """A channel that says when it had to wait for its socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
+        self.waited = threading.Event()
+
+    def _wait(self, event: int) -> None:
+        self.waited.set()
+        super()._wait(event)
+
+
+def test_whole_messages_over_sockets_an_event_loop_made_non_blocking():
+    # uvloop's add_reader leaves the I/O process's end non-blocking: a message bigger than the
+    # socket holds must wait for room (and a read for the rest), not fail halfway through.
+    ours, theirs = Channel.pair()
+    other = Watched(theirs)
+    for end in (ours, other):
+        os.set_blocking(end.fileno(), False)
+    big = os.urandom(3 << 20)
+    failures: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            other.send("blob", big)
+        except BaseException as exc:
+            failures.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    # Read only once the sender is stuck on a full socket (or has failed).
+    while sender.is_alive() and not other.waited.wait(0.01):
+        pass
+    assert not failures, failures
+    assert ours.recv() == ("blob", big)
+    sender.join()
+    ours.close()
     other.close()
 
 
