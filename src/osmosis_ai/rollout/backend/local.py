@@ -316,7 +316,17 @@ class LocalBackend(ExecutionBackend):
                 "a sample source",
                 RolloutErrorCategory.VALIDATION_ERROR,
             )
-        graded = sample.model_copy(deep=True)
+        return await self._grade(self.grader_cls, request, sample.model_copy(deep=True), tracked)
+
+    async def _grade(
+        self,
+        grader_cls: type[Grader],
+        request: ExecutionRequest,
+        graded: RolloutSample,
+        tracked: _Tracked,
+    ) -> ExecutionResult:
+        """Grade ``graded`` (the grader's own copy of the sample) within the request's
+        grader budget; a grader that leaves no reward fails the rollout."""
         budget = request.grader_timeout_sec
         started = time.monotonic()
         try:
@@ -325,7 +335,7 @@ class LocalBackend(ExecutionBackend):
             if self._grader_slots is not None:
                 await self._grader_slots.acquire()
             try:
-                grader = self.grader_cls(copy.deepcopy(self.grader_config))
+                grader = grader_cls(copy.deepcopy(self.grader_config))
                 ctx = GraderContext(
                     label=request.label,
                     sample=graded,
