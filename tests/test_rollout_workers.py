@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -16,11 +17,15 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout import LocalBackend
+from osmosis_ai.rollout.server import create_rollout_server
+from osmosis_ai.rollout.server import workers as workers_module
 from osmosis_ai.rollout.server.workers import (
     WORKERS_ENV,
     WorkerSet,
@@ -29,7 +34,8 @@ from osmosis_ai.rollout.server.workers import (
 )
 from osmosis_ai.testing import CallbackReceiver, ProtocolController
 from osmosis_ai.testing.serving import free_port, serve_in_task
-from rollouts import init_body, poll_until_done
+from rawhttp import Lost, RawServer, first_submit, forwards_to, raw_server
+from rollouts import MetadataGrader, ScriptedBehaviour, init_body, poll_until_done
 
 pytest.importorskip("uvicorn", reason="run_rollout_server needs the server extra (uvicorn)")
 pytestmark = pytest.mark.skipif(
@@ -189,9 +195,12 @@ async def health_when(
             await asyncio.sleep(0.02)
 
 
+def submit_body(rollout_id: str, **metadata: Any) -> str:
+    return json.dumps(init_body(rollout_id, "http://127.0.0.1:9/v1", metadata=metadata or None))
+
+
 async def submit(client: httpx.AsyncClient, rollout_id: str, **metadata: Any) -> str:
-    body = init_body(rollout_id, "http://127.0.0.1:9/v1", metadata=metadata or None)
-    response = await client.post("/rollout", json=body)
+    response = await client.post("/rollout", content=submit_body(rollout_id, **metadata))
     assert response.status_code == 202, response.text
     return response.json()["polling_lease_token"]
 
@@ -256,6 +265,11 @@ async def test_each_rollout_runs_on_its_owner_whatever_connection_it_arrives_on(
                 *(poll_until_done(client, i, lease) for i, lease in zip(ids, leases, strict=True))
             )
             statuses = [(await client.get(f"/rollout/{i}/status")).json() for i in ids]
+            # each body sent again, on connections landing on either worker: the owner
+            # answers the replay with the lease it gave, forwarded or not
+            replays = await asyncio.gather(
+                *(client.post("/rollout", content=submit_body(i)) for i in ids)
+            )
             duplicate = await client.post("/rollout", json=init_body(ids[0], "http://x/v1"))
             unknown = await client.get("/rollout/nobody/result", headers={LEASE: "x"})
     pids: dict[int, set[str]] = {0: set(), 1: set()}
@@ -266,7 +280,10 @@ async def test_each_rollout_runs_on_its_owner_whatever_connection_it_arrives_on(
     # every rollout of one owner ran in one process, and the two owners are two processes
     assert len(pids[0]) == 1 and len(pids[1]) == 1 and pids[0] != pids[1], pids
     assert [s["status"] for s in statuses] == ["success"] * len(ids)
-    assert duplicate.status_code == 409  # the owner saw the id before
+    assert [(r.status_code, r.json()["polling_lease_token"]) for r in replays] == [
+        (202, lease) for lease in leases
+    ]
+    assert duplicate.status_code == 409  # the owner saw the id before, with another body
     assert unknown.status_code == 404
 
 
@@ -430,3 +447,128 @@ def test_workers_stop_when_their_parent_is_killed(tmp_path):
         assert wait_gone(kids) == []
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{server.url}/health", timeout=2)
+
+
+# -- forwarding, in one process: the owner behind a front that closes kept-alive connections ------
+
+started_runs: list[str] = []
+
+
+class Tagged(LocalBackend):
+    """A LocalBackend whose rollouts note ``metadata.tag`` in :data:`started_runs` as they start."""
+
+    def __init__(self) -> None:
+        super().__init__(workflow=TaggedWorkflow, grader=MetadataGrader)
+
+
+class TaggedWorkflow(ScriptedBehaviour):
+    async def run(self, ctx):
+        started_runs.append((ctx.metadata or {}).get("tag", "?"))
+        return await super().run(ctx)
+
+
+def owned_by_one(prefix: str) -> str:
+    """A rollout id that worker 1 of 2 owns."""
+    return next(f"{prefix}-{n}" for n in range(100) if owner(f"{prefix}-{n}") == 1)
+
+
+@contextlib.asynccontextmanager
+async def forwarding(
+    monkeypatch: pytest.MonkeyPatch,
+    wrap: Callable[[Any], Any] = lambda app: app,
+    lose: Callable[[bytes], Lost | None] | None = None,
+) -> AsyncIterator[tuple[httpx.AsyncClient, RawServer]]:
+    """Worker 0 of 2, served here (through ``wrap``), whose worker 1 is a raw front that
+    forwards to a real rollout server; unless ``lose`` says otherwise, the front closes its
+    kept-alive connection after passing on the first ``POST /rollout``, unanswered (as an
+    owner closing an idle connection just as a forwarded request arrives)."""
+    started_runs.clear()
+    router = create_rollout_server(backend=Tagged(), configure_logging=False)
+    owner_app = create_rollout_server(backend=Tagged(), configure_logging=False)
+    async with (
+        serve_in_task(owner_app) as owner_url,
+        raw_server(forwards_to(owner_url, lose or first_submit("after"))) as front,
+    ):
+        workers = WorkerSet(index=0, origins=("http://127.0.0.1:9", front.origin), secret="s")
+        monkeypatch.setattr(workers_module._Serving, "workers", workers)
+        async with (
+            serve_in_task(wrap(router)) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            yield client, front
+
+
+async def test_a_forwarded_submit_whose_connection_closes_is_resent_and_replayed(
+    monkeypatch, artifact_root
+):
+    rollout_id = owned_by_one("race")
+    async with forwarding(monkeypatch) as (client, front):
+        # a forwarded call leaves a kept-alive connection to the owner; the submit reuses it
+        assert (await client.get(f"/rollout/{rollout_id}/status")).json()["status"] == "unknown"
+        body = init_body(rollout_id, "http://127.0.0.1:9/v1", metadata={"tag": rollout_id})
+        admitted = await client.post("/rollout", json=body)
+        assert admitted.status_code == 202, admitted.text
+        lease = admitted.json()["polling_lease_token"]
+        result = await poll_until_done(client, rollout_id, lease)
+    assert (result["status"], result["sample"]["reward"]) == ("success", 1.0)
+    submits = [head for head, _ in front.requests if head.startswith(b"POST /rollout ")]
+    assert len(submits) == 2  # the first, which the owner admitted, and the resend
+    assert front.connections == 2
+    assert started_runs == [rollout_id]  # the resend was answered as a replay: one run
+
+
+@pytest.mark.parametrize(
+    "unsafe",
+    [
+        pytest.param({"llm_api_key": None}, id="no-llm-api-key"),
+        pytest.param({"completion_callback_url": "http://127.0.0.1:9/done"}, id="callback"),
+    ],
+)
+async def test_a_forwarded_submit_that_cannot_be_replayed_is_not_resent(
+    monkeypatch, artifact_root, unsafe
+):
+    rollout_id = owned_by_one("once")
+    async with forwarding(monkeypatch) as (client, front):
+        assert (await client.get(f"/rollout/{rollout_id}/status")).status_code == 200
+        body = init_body(rollout_id, "http://127.0.0.1:9/v1", metadata={"tag": rollout_id})
+        body.update(unsafe)
+        lost = await client.post("/rollout", json={k: v for k, v in body.items() if v})
+        assert lost.status_code == 503
+        assert "rollout worker 1 did not answer" in lost.json()["detail"]
+    submits = [head for head, _ in front.requests if head.startswith(b"POST /rollout ")]
+    assert len(submits) == 1  # never twice: a second send would run it again, or get 409
+    assert started_runs == [rollout_id]
+
+
+async def test_a_forwarded_path_is_sent_percent_encoded_and_a_raw_non_ascii_one_is_a_400(
+    monkeypatch, artifact_root
+):
+    rollout_id = owned_by_one("é")
+    path = f"/rollout/{quote(rollout_id, safe='')}/result"
+    raw_path: list[bytes | None] = []
+
+    def wrap(app: Any) -> Any:
+        async def rewritten(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and raw_path:
+                scope = {k: v for k, v in scope.items() if k != "raw_path"}
+                if raw_path[-1] is not None:  # a server passing raw bytes on as it got them
+                    scope["raw_path"] = raw_path[-1]
+            await app(scope, receive, send)
+
+        return rewritten
+
+    async with forwarding(monkeypatch, wrap, lambda head: None) as (client, _front):
+        lease = (
+            await client.post("/rollout", json=init_body(rollout_id, "http://127.0.0.1:9/v1"))
+        ).json()["polling_lease_token"]
+        raw_path.append(None)  # a server that gives no raw_path: the decoded path is encoded
+        result = await poll_until_done(client, rollout_id, lease)
+        raw_path.append(f"/rollout/{rollout_id}/result".encode())
+        refused = await client.get(path, headers={LEASE: lease})
+    assert result["status"] == "success"
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "detail": f"the request path '/rollout/{rollout_id}/result' has a space, control or "
+        "non-ASCII character, so it cannot be passed to the worker running the rollout: "
+        "percent-encode it"
+    }

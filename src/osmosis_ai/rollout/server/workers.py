@@ -10,7 +10,10 @@ controller may send a rollout's calls on any connection: a ``POST /rollout`` or 
 ``GET /rollout/{id}/result|status`` that lands on another worker is forwarded over loopback
 to the owner's private listener, marked with a secret of the run so the owner serves it
 itself. ``POST /rollout/cancel`` and ``GET /health`` ask every worker and merge the answers
-(see :func:`merge_health` for which fields of a health body add up).
+(see :func:`merge_health` for which fields of a health body add up). A forwarded request
+whose kept-alive connection closes before the owner answers is sent again when that is
+harmless: a GET, or a polling ``POST /rollout`` the owner answers again as a replay (see
+:mod:`osmosis_ai.rollout.server.app`); anything else answers 503.
 
 The parent only supervises: ``SIGINT``/``SIGTERM`` reach every worker, each drains its own
 rollouts, and a worker that dies on its own stops the rest (its rollouts are gone, and a
@@ -29,6 +32,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -40,6 +44,7 @@ import weakref
 import zlib
 from collections.abc import Mapping
 from typing import Any, cast
+from urllib.parse import quote
 
 import httpx
 
@@ -358,11 +363,12 @@ class WorkerRouter:
             body = await read_body(receive)
             if body is None:
                 return  # the client hung up: nobody to answer
-            owner = _owner_of_body(workers, body)
+            owner, replayable = _read_submit(workers, body)
             if owner is None or owner == workers.index:
                 await self.app(scope, _replay(body, receive), send)
             else:
-                await _send_answer(send, await _forward(workers, owner, scope, body))
+                answer = await _forward(workers, owner, scope, body, idempotent=replayable)
+                await _send_answer(send, answer)
             return
         if method == "GET" and path.startswith("/rollout/"):
             rollout_id, _, leaf = path[len("/rollout/") :].rpartition("/")
@@ -465,15 +471,25 @@ def _forwarded(scope: Scope, workers: WorkerSet) -> bool:
     return False
 
 
-def _owner_of_body(workers: WorkerSet, body: bytes) -> int | None:
-    """The owner named by a ``POST /rollout`` body; ``None`` when it names no rollout id
-    (the local worker then answers with the validation error)."""
+def _read_submit(workers: WorkerSet, body: bytes) -> tuple[int | None, bool]:
+    """The owner named by a ``POST /rollout`` body (``None`` when it names no rollout id:
+    the local worker then answers with the validation error), and whether the body may be
+    sent to it twice: a polling-generation body with an ``llm_api_key``, which the owner
+    answers again with the same lease. A callback-generation body may not (a second one
+    runs the rollout again), nor one without the key (its second send would get 409)."""
     try:
         parsed = json.loads(body)
     except ValueError:
-        return None
-    rollout_id = parsed.get("rollout_id") if isinstance(parsed, dict) else None
-    return workers.owner(rollout_id) if isinstance(rollout_id, str) and rollout_id else None
+        return None, False
+    if not isinstance(parsed, dict):
+        return None, False
+    fields = cast(dict[str, object], parsed)
+    rollout_id = fields.get("rollout_id")
+    if not isinstance(rollout_id, str) or not rollout_id:
+        return None, False
+    key = fields.get("llm_api_key")
+    replayable = fields.get("completion_callback_url") is None and isinstance(key, str) and key
+    return workers.owner(rollout_id), bool(replayable)
 
 
 _transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LeanTransport] = (
@@ -490,7 +506,11 @@ def _transport() -> LeanTransport:
     return transport
 
 
-async def _forward(workers: WorkerSet, owner: int, scope: Scope, body: bytes) -> QuickAnswer:
+async def _forward(
+    workers: WorkerSet, owner: int, scope: Scope, body: bytes, *, idempotent: bool | None = None
+) -> QuickAnswer:
+    """The owner's answer to this request; ``idempotent`` (default: by method) lets it go
+    twice when a kept-alive connection to the owner closes before answering."""
     headers: dict[str, str] = {}
     for name, value in scope["headers"]:
         if name not in _HOP_REQUEST:
@@ -498,20 +518,52 @@ async def _forward(workers: WorkerSet, owner: int, scope: Scope, body: bytes) ->
             text = value.decode("latin-1")
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
     headers[FORWARDED_HEADER] = workers.secret
-    target: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
-    root = workers.root_path.encode("latin-1")
-    if root and target.startswith(root):  # the owner's uvicorn puts it back
-        target = target[len(root) :]
-    if scope.get("query_string"):
-        target += b"?" + scope["query_string"]
-    url = workers.origins[owner] + target.decode("latin-1")
+    target = _target(scope, workers.root_path)
+    if not _SENDABLE_TARGET.fullmatch(target):
+        shown = target.decode("utf-8", "backslashreplace")
+        shown = shown if len(shown) <= 200 else f"{shown[:200]}..."
+        return _json(
+            400,
+            {
+                "detail": f"the request path {shown!r} has a space, control or non-ASCII "
+                "character, so it cannot be passed to the worker running the rollout: "
+                "percent-encode it"
+            },
+            {},
+        )
+    url = workers.origins[owner] + target.decode("ascii")
     try:
         return await _transport().quick(
-            scope["method"], url, headers=headers, content=body, timeouts=_TIMEOUTS
+            scope["method"],
+            url,
+            headers=headers,
+            content=body,
+            timeouts=_TIMEOUTS,
+            idempotent=idempotent,
         )
+    except UsageError as exc:  # a header that cannot go on the wire (named, value hidden)
+        return _json(400, {"detail": f"the request cannot be forwarded as it is: {exc}"}, {})
     except httpx.HTTPError as exc:
         logger.error("rollout worker %d did not answer a forwarded request: %s", owner, exc)
         return _json(503, {"detail": f"rollout worker {owner} did not answer: {exc}"}, {})
+
+
+# A request target as it may go on the wire: printable ASCII, no space.
+_SENDABLE_TARGET = re.compile(rb"[\x21-\x7e]*")
+
+
+def _target(scope: Scope, root_path: str) -> bytes:
+    """The request target to send the owner: the path as the client sent it (rebuilt,
+    percent-encoded, from the decoded path when the server gives no ``raw_path``), less
+    the root path, which the owner's uvicorn puts back, with the query string."""
+    raw: bytes | None = scope.get("raw_path")
+    target = raw if raw else quote(scope["path"], safe="/", errors="surrogatepass").encode()
+    root = root_path.encode("latin-1")
+    if root and target.startswith(root):
+        target = target[len(root) :]
+    if scope.get("query_string"):
+        target += b"?" + scope["query_string"]
+    return target
 
 
 async def _capture(app: ASGIApp, scope: Scope, receive: Receive) -> QuickAnswer:
