@@ -18,6 +18,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -46,6 +47,19 @@ UPLOAD_STATES = ("pending", "completed", "aborted")
 SECRET_SCOPES = ("workspace", "user")
 MODEL_KINDS = ("base", "lora")
 SYNC_STATUSES = ("pending", "syncing", "success", "failed")
+RUN_KINDS = ("eval", "training")
+EVAL_RUN_STATUSES = ("pending", "running", "finished", "failed", "stopped")
+TRAINING_RUN_STATUSES = (
+    "pending",
+    "queued",
+    "running",
+    "finished",
+    "failed",
+    "crashed",
+    "stopped",
+    "killed",
+    "unknown",
+)
 
 
 def new_id() -> str:
@@ -371,3 +385,93 @@ class GitSyncEvent(Base):
     created_at: Mapped[datetime] = _created()
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+class Run(Base):
+    """An eval or training run submitted from the CLI.
+
+    It holds what to run (the rollout and entrypoint at a commit resolved when it was
+    submitted, the config sections as sent), on what (dataset and model, by name and row),
+    and how it is going. Values given for this run's secrets are sealed in
+    ``provided_secrets`` (``crypto.SecretBox``, bound to the run) and dropped once it ends.
+    """
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint(_one_of("kind", RUN_KINDS), name="kind"),
+        CheckConstraint(
+            f"(kind = 'eval' AND {_one_of('status', EVAL_RUN_STATUSES)}) "
+            f"OR (kind = 'training' AND {_one_of('status', TRAINING_RUN_STATUSES)})",
+            name="status",
+        ),
+        UniqueConstraint("workspace_id", "name"),
+        Index(None, "workspace_id", "kind", "created_at"),
+        Index(None, "status"),
+    )
+
+    id: Mapped[str] = _id()
+    workspace_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("workspaces.id", ondelete="CASCADE")
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    creator_id: Mapped[str | None] = _user_ref()
+    # the code: a rollout folder of the workspace repository at one commit
+    rollout_name: Mapped[str] = mapped_column(String(255))
+    rollout_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("rollouts.id", ondelete="SET NULL")
+    )
+    entrypoint: Mapped[str] = mapped_column(String(1000))
+    branch: Mapped[str | None] = mapped_column(String(255))  # None: a pinned commit
+    commit_sha: Mapped[str] = mapped_column(String(64))
+    # what it runs on
+    model_path: Mapped[str] = mapped_column(String(1000))
+    model_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("models.id", ondelete="SET NULL")
+    )  # training runs: the base model
+    dataset_name: Mapped[str] = mapped_column(String(255))
+    dataset_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("datasets.id", ondelete="SET NULL")
+    )
+    # the config sections as submitted
+    experiment_config: Mapped[dict[str, object]] = mapped_column(JSON)
+    evaluation_config: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    training_config: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    sampling_config: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    checkpoints_config: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    advanced_config: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    env_config: Mapped[dict[str, str] | None] = mapped_column(JSON)
+    # secrets: names, where each resolved from at submit, and this run's own sealed values
+    required_secrets: Mapped[list[str]] = mapped_column(JSON)
+    secret_scopes: Mapped[dict[str, str]] = mapped_column(JSON)
+    provided_secrets: Mapped[str | None] = mapped_column(Text)
+    # progress and outcome
+    current_step: Mapped[int | None] = mapped_column(Integer)
+    total_steps: Mapped[int | None] = mapped_column(Integer)
+    examples_processed_count: Mapped[int | None] = mapped_column(Integer)
+    reward: Mapped[float | None] = mapped_column(Float)
+    results: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    notes: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _updated()
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class RunLog(Base):
+    """A log line of a run; the autoincrement id is the pagination cursor (never reused)."""
+
+    __tablename__ = "run_logs"
+    __table_args__ = (Index(None, "run_id", "id"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(36), ForeignKey("runs.id", ondelete="CASCADE"))
+    timestamp: Mapped[datetime] = _created()
+    level: Mapped[str] = mapped_column(String(16), default="info")
+    step: Mapped[str] = mapped_column(String(32), default="")  # submit, setup, rollout, ...
+    message: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, object] | None] = mapped_column(JSON)
