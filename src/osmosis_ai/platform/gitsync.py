@@ -126,6 +126,29 @@ def rollouts_at(mirror: Path, commit: str) -> list[FoundRollout]:
     return found
 
 
+def branch_head(mirror: Path, branch: str) -> str | None:
+    """The commit ``branch`` points at in the mirror (``None`` if there is no such branch)."""
+    found = _git(
+        mirror, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}", check=False
+    )
+    return found.strip() or None
+
+
+def commits_matching(mirror: Path, prefix: str) -> list[str]:
+    """The full SHAs of the commits whose id starts with the hex ``prefix`` (4 to 40 chars)."""
+    if not 4 <= len(prefix) <= 40 or any(c not in "0123456789abcdef" for c in prefix.lower()):
+        raise ValueError(f"not a hex commit prefix: {prefix!r}")
+    listing = _git(mirror, "rev-parse", f"--disambiguate={prefix.lower()}", check=False)
+    candidates = [line.strip() for line in listing.splitlines() if line.strip()]
+    return [sha for sha in candidates if object_type(mirror, sha) == "commit"]
+
+
+def object_type(mirror: Path, revision: str) -> str | None:
+    """``commit``, ``tree``, ``blob`` or ``tag`` for ``revision`` (e.g. ``SHA:path``); or None."""
+    found = _git(mirror, "cat-file", "-t", revision, check=False).strip()
+    return found or None
+
+
 def _description(mirror: Path, commit: str, name: str, present: set[str]) -> str | None:
     if "pyproject.toml" in present:
         text = _show(mirror, commit, f"{ROLLOUTS_DIR}/{name}/pyproject.toml")

@@ -44,6 +44,7 @@ ROUTERS: tuple[str, ...] = (
     "osmosis_ai.platform.api.datasets",
     "osmosis_ai.platform.api.secrets",
     "osmosis_ai.platform.api.models",
+    "osmosis_ai.platform.api.runs",
     "osmosis_ai.platform.web.device",
 )
 
