@@ -162,11 +162,21 @@ def answers_then_closes(reply: bytes) -> Handler:
 Lost = Literal["before", "after"]
 
 
-def forwards_to(upstream: str, lose: Callable[[bytes], Lost | None]) -> Handler:
+_ALREADY_REGISTERED = b'{"detail":"rollout_id is already registered"}'
+
+
+def forwards_to(
+    upstream: str, lose: Callable[[bytes], Lost | None], *, replays: bool = True
+) -> Handler:
     """A keep-alive front for the real server at ``upstream``: each request is forwarded
     and its answer relayed, except where ``lose(request head)`` says to close the client's
     connection unanswered, ``"before"`` forwarding it (the server never saw it) or
-    ``"after"`` (the server acted on it; its answer is thrown away)."""
+    ``"after"`` (the server acted on it; its answer is thrown away).
+
+    ``replays=False`` makes the front a server that does not answer a resent submit with
+    its lease, as 0.3.8's: a ``POST /rollout`` whose body the server admitted before gets
+    ``409`` for its rollout id, from the front itself."""
+    submitted: set[bytes] = set()
 
     async def handler(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
@@ -176,6 +186,15 @@ def forwards_to(upstream: str, lose: Callable[[bytes], Lost | None]) -> Handler:
                 head, body = server.requests[-1]
                 lines = head.decode("latin-1").split("\r\n")
                 method, target, _ = lines[0].split(" ")
+                submit = (method, target) == ("POST", "/rollout") and not replays
+                if submit and body in submitted:
+                    writer.write(
+                        b"HTTP/1.1 409 X\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s"
+                        % (len(_ALREADY_REGISTERED), _ALREADY_REGISTERED)
+                    )
+                    await writer.drain()
+                    continue
                 skip = ("host", "content-length", "connection", "accept-encoding")
                 headers = [
                     (name.strip(), value.strip())
@@ -186,6 +205,8 @@ def forwards_to(upstream: str, lose: Callable[[bytes], Lost | None]) -> Handler:
                 if lost == "before":
                     return
                 answer = await client.request(method, target, headers=headers, content=body)
+                if submit and answer.status_code == 202:  # admitted: the id is held
+                    submitted.add(body)
                 if lost == "after":
                     return
                 relayed = b"".join(

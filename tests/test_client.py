@@ -38,11 +38,17 @@ CHAT_URL = "http://127.0.0.1:9/v1"  # never dialled: the workflows below do not 
 PROMPT = [{"role": "user", "content": "hello"}]
 
 
+started_tags: list[str] = []
+
+
 class EchoWorkflow(AgentWorkflow[AgentWorkflowConfig]):
-    """Echoes the last prompt message; ``metadata`` may ask it to sleep or fail."""
+    """Echoes the last prompt message; ``metadata`` may ask it to sleep or fail, and its
+    ``tag`` is noted in :data:`started_tags` as it starts."""
 
     async def run(self, ctx):
         meta = ctx.metadata or {}
+        if "tag" in meta:
+            started_tags.append(meta["tag"])
         await asyncio.sleep(meta.get("sleep", 0))
         if "fail" in meta:
             raise ValueError(meta["fail"])
@@ -311,9 +317,10 @@ async def test_admission_timeout_when_server_stays_full():
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "httpx"])
-async def test_a_submit_answered_into_a_closed_connection_is_admitted_and_its_lease_lost(
+async def test_a_submit_answered_into_a_closed_connection_gets_its_lease_from_the_resend(
     lean: bool,
 ):
+    started_tags.clear()
     async with (
         rollout_server() as url,
         raw_server(forwards_to(url, first_submit("after"))) as front,
@@ -321,8 +328,48 @@ async def test_a_submit_answered_into_a_closed_connection_is_admitted_and_its_le
         RolloutClient(front.origin, http_client=http) as client,
     ):
         await client.health()  # a kept-alive connection, which the submit then reuses
+        handle = await client.submit(
+            PROMPT,
+            CHAT_URL,
+            rollout_id="resent",
+            label="hello",
+            llm_api_key="k",
+            metadata={"tag": "resent"},
+        )
+        result = await handle
+    assert (result.status, result.sample and result.sample.reward) == (RolloutStatus.SUCCESS, 1.0)
+    submits = [body for head, body in front.requests if head.startswith(b"POST /rollout ")]
+    # the first, which the server admitted, and the resend, the same bytes, which the
+    # server answered as a replay of the first: one run, polled under the lease it gave
+    assert len(submits) == 2 and submits[0] == submits[1]
+    assert front.connections == 2
+    assert started_tags == ["resent"]
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "httpx"])
+@pytest.mark.parametrize(
+    ("replays", "llm_api_key"),
+    [(False, "k"), (True, None)],
+    ids=["server-without-replay", "body-without-llm-api-key"],
+)
+async def test_a_submit_answered_into_a_closed_connection_is_admitted_and_its_lease_lost(
+    lean: bool, replays: bool, llm_api_key: str | None
+):
+    async with (
+        rollout_server() as url,
+        raw_server(forwards_to(url, first_submit("after"), replays=replays)) as front,
+        async_client() if lean else httpx.AsyncClient() as http,
+        RolloutClient(front.origin, http_client=http) as client,
+    ):
+        await client.health()  # a kept-alive connection, which the submit then reuses
         with pytest.raises(RolloutLeaseLostError, match="409 for this rollout id") as caught:
-            await client.submit(PROMPT, CHAT_URL, rollout_id="lost", metadata={"sleep": 30})
+            await client.submit(
+                PROMPT,
+                CHAT_URL,
+                rollout_id="lost",
+                llm_api_key=llm_api_key,
+                metadata={"sleep": 30},
+            )
         lost = caught.value
         assert (lost.rollout_id, lost.status_code) == ("lost", 409)
         assert lost.rollout_status in (RolloutStatus.QUEUED, RolloutStatus.RUNNING)

@@ -17,7 +17,14 @@ from osmosis_ai.controller.transport import HttpxTransport
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.http import async_client
 from osmosis_ai.rollout.http1 import LeanTransport, RemoteProtocolError
-from rawhttp import Handler, RawServer, chunked, ok, raw_server
+from rawhttp import (
+    Handler,
+    RawServer,
+    chunked,
+    ok,
+    raw_server,
+    second_request_kills_the_connection,
+)
 
 HEAD_200 = b"HTTP/1.1 200 OK\r\n"
 TWO_CHUNKS = b"2\r\nab\r\n1\r\nc\r\n0\r\n\r\n"
@@ -339,3 +346,25 @@ async def test_the_write_timeout_bounds_a_server_that_takes_nothing_in():
                 await transport.aclose()
         finally:
             stop.set()
+
+
+async def test_the_quick_path_sends_a_post_declared_idempotent_again_on_a_fresh_connection():
+    """As the worker router forwards a polling ``POST /rollout``, which its owner answers
+    again as a replay."""
+    limits = httpx.Timeout(5).as_dict()
+    transport = LeanTransport(max_connections=4)
+    async with raw_server(second_request_kills_the_connection) as server:
+        try:
+            first = await transport.quick(
+                "POST", server.url, headers={}, content=b"1", timeouts=limits
+            )
+            again = await transport.quick(
+                "POST", server.url, headers={}, content=b"2", timeouts=limits, idempotent=True
+            )
+        finally:
+            await transport.aclose()
+    assert (first.text, again.text) == ("answer", "answer")
+    # the second went out twice: on the reused connection, which closed unanswered, then
+    # on a fresh one
+    assert [body for _, body in server.requests] == [b"1", b"2", b"2"]
+    assert server.connections == 2

@@ -2,10 +2,11 @@
 
 Submits rollouts (retrying ``429`` within an admission budget), then long-polls each result
 under its polling lease, retrying transient failures without ever letting the lease lapse.
-A submit whose connection closes before the answer is sent once more: the rollout id makes
-it safe, since a server that admitted the first one answers ``409`` for the same id (see
-:class:`RolloutLeaseLostError`). :func:`retry_after_sec` reads ``Retry-After`` for every
-client of the package.
+A submit whose connection closes before the answer is sent once more, byte for byte: the
+rollout id makes it safe. A server that admitted the first send answers the second as a
+replay, with the same lease (this package's server), or with ``409`` for the same id (0.3.8's,
+which issues a lease only once: see :class:`RolloutLeaseLostError`).
+:func:`retry_after_sec` reads ``Retry-After`` for every client of the package.
 """
 
 from __future__ import annotations
@@ -107,10 +108,12 @@ class RolloutLeaseLostError(RolloutProtocolError):
     """The rollout was admitted, but the answer carrying its polling lease was lost.
 
     A submit's connection closed before the answer came; sent again, it got ``409`` for
-    its own rollout id, so the first one was admitted. The lease is issued once, in that
-    lost answer, so the rollout cannot be polled: cancel it and run the work again under a
-    new id. ``rollout_status`` is what ``GET /rollout/{id}/status`` reported (``None``
-    when the server does not serve it, as 0.3.8's does not).
+    its own rollout id, so the first one was admitted, by a server that does not answer a
+    resent submit with its lease (0.3.8's issues it once, in that lost answer; this
+    package's answers the resend 202 instead, unless the body had no ``llm_api_key``). The
+    rollout cannot be polled: cancel it and run the work again under a new id.
+    ``rollout_status`` is what ``GET /rollout/{id}/status`` reported (``None`` when the
+    server does not serve it, as 0.3.8's does not).
     """
 
     def __init__(
@@ -119,6 +122,12 @@ class RolloutLeaseLostError(RolloutProtocolError):
         self.rollout_id = rollout_id
         self.rollout_status = rollout_status
         super().__init__(message, status_code=409)
+
+
+def _encoded(value: object) -> bytes:
+    """A JSON request body; the same value always gives the same bytes (a resent submit
+    must match the first byte for byte to be answered as its replay)."""
+    return _json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _detail(response: _Answer) -> str:
@@ -263,17 +272,18 @@ class RolloutClient:
         request_timeout: httpx.Timeout | float | None = None,
         idempotent: bool | None = None,
     ) -> _Answer:
-        """One call; ``idempotent`` (default: by method) lets the transport send it once
-        more when a reused connection closes before answering."""
+        """One call, with ``json`` as its body when given; ``idempotent`` (default: by
+        method) lets the transport send it once more when a reused connection closes
+        before answering."""
         timeout = self.timeout if request_timeout is None else request_timeout
+        content = b"" if json is None else _encoded(json)
+        extra = headers or {}
+        if json is not None:
+            extra = {**extra, "content-type": "application/json"}
         if self._lean is not None and _plain(self._http):
             # A whole exchange on the lean pool: httpx's client layer cost more than the
             # connection itself on these small, hot calls.
-            sent = {**self._lean_headers, **self._headers, **(headers or {})}
-            content = b""
-            if json is not None:
-                content = _json.dumps(json, separators=(",", ":"), allow_nan=False).encode()
-                sent["content-type"] = "application/json"
+            sent = {**self._lean_headers, **self._headers, **extra}
             limits = httpx.Timeout(timeout).as_dict()
             return await self._lean.quick(
                 method,
@@ -288,8 +298,8 @@ class RolloutClient:
         return await self._http.request(
             method,
             self.base_url + path,
-            json=json,
-            headers={**self._headers, **(headers or {})},
+            content=content if json is not None else None,
+            headers={**self._headers, **extra},
             timeout=timeout,
             extensions=None if idempotent is None else {IDEMPOTENT_EXTENSION: idempotent},
         )
@@ -316,9 +326,10 @@ class RolloutClient:
         ``429`` is retried after ``Retry-After`` (clamped to 0.05–60 s, 1 s when absent)
         until ``admission_timeout_sec`` runs out (``None``: no limit), then
         :class:`RolloutAdmissionTimeoutError`. A connection that closes before the answer
-        comes is followed by one more send; when that one gets ``409`` the first was
-        admitted and its lease lost: :class:`RolloutLeaseLostError`. Any other status is a
-        :class:`RolloutProtocolError`; other transport errors propagate.
+        comes is followed by one more send of the same bytes: a server that admitted the
+        first answers it with the same lease (a replay) or with ``409``, which means the
+        first was admitted and its lease lost: :class:`RolloutLeaseLostError`. Any other
+        status is a :class:`RolloutProtocolError`; other transport errors propagate.
         """
         rollout_id = rollout_id if rollout_id is not None else uuid.uuid4().hex
         optional: dict[str, Any] = {
@@ -380,9 +391,9 @@ class RolloutClient:
         return RolloutLeaseLostError(
             f"POST /rollout for rollout {rollout_id!r} was admitted, but its answer was lost: "
             f"the connection closed before the answer came, and the resend got 409 for this "
-            f"rollout id; {seen}. Its polling lease was in the lost answer and is issued only "
-            f"once, so it cannot be polled: cancel it and run the work again under a new "
-            f"rollout_id",
+            f"rollout id; {seen}. Its polling lease was in the lost answer, and this server "
+            f"does not hand it back to a resend, so it cannot be polled: cancel it and run "
+            f"the work again under a new rollout_id",
             rollout_id=rollout_id,
             rollout_status=status,
         )
