@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import PIPE, STDOUT
 from typing import Any
 
 import httpx
@@ -23,7 +25,7 @@ from osmosis_ai.rollout import LocalBackend
 from osmosis_ai.rollout.server import create_rollout_server
 from osmosis_ai.rollout.status import RolloutStatus
 from osmosis_ai.testing.model_server import ScriptedModelServer
-from osmosis_ai.testing.serving import serve_in_task
+from osmosis_ai.testing.serving import free_port, serve_in_task
 from rawhttp import first_submit, forwards_to, raw_server
 from rollouts import TOOL_SCRIPT, AnswerGrader, MetadataGrader, ScriptedBehaviour, ToolWorkflow
 
@@ -260,30 +262,138 @@ async def test_4xx_admissions_are_rejected():
             assert (outcome.kind, outcome.status_code) == ("admission_rejected", 401)
             assert not outcome.admitted and "unauthorized" in (outcome.detail or "")
         first = await keyed.run(DispatchRequest(PROMPT, rollout_id="dup"))
-        again = await keyed.run(DispatchRequest(PROMPT, rollout_id="dup"))
+        # the same request under the same id, while the server holds its result: answered
+        # as a replay of the first submit, with the first's lease and so its result
+        replayed = await keyed.run(DispatchRequest(PROMPT, rollout_id="dup"))
+        again = await keyed.run(DispatchRequest(PROMPT, label="other", rollout_id="dup"))
         keyless.generation = None  # auto: /health itself answers 401
         unknown = await keyless.run(DispatchRequest(PROMPT))
     assert first.kind == "result"
+    assert (replayed.kind, replayed.result) == ("result", first.result)
     assert (again.kind, again.status_code) == ("admission_rejected", 409)
     assert (unknown.kind, unknown.generation) == ("transport_error", None)
 
 
-async def test_a_lost_submit_answer_is_an_admitted_attempt_not_a_rejection(sleepy):
+async def test_a_lost_submit_answer_is_recovered_from_the_resend(sleepy):
     journal, s = Journal(), sleepy
-    async with raw_server(forwards_to(s.url, first_submit("after"))) as front:
-        async with Dispatcher(front.origin, s.service, generation="polling") as dispatcher:
-            await dispatcher.health()  # a kept-alive connection, which the submit reuses
-            request = DispatchRequest(PROMPT, metadata={"sleep": 30})
-            outcome = await dispatcher.run(request, commit=journal)
-        assert await server_status(s.url, outcome.rollout_id, "cancelled") == "cancelled"
+    async with (
+        raw_server(forwards_to(s.url, first_submit("after"))) as front,
+        Dispatcher(front.origin, s.service, generation="polling") as dispatcher,
+    ):
+        await dispatcher.health()  # a kept-alive connection, which the submit reuses
+        request = DispatchRequest(PROMPT, label="42", metadata={"sleep": 0.2})
+        outcome = await dispatcher.run(request, commit=journal)
+    # the server admitted the first POST and answered the resend, the same bytes, with the
+    # same lease: the attempt is polled to its result, as if nothing was lost
+    submits = [body for head, body in front.requests if head.startswith(b"POST /rollout ")]
+    assert len(submits) == 2 and submits[0] == submits[1]
+    assert (outcome.kind, outcome.admitted, outcome.status) == (
+        "result",
+        True,
+        RolloutStatus.SUCCESS,
+    )
+    assert outcome.sample is not None and outcome.sample.reward == 1.0
+    assert outcome.cancel_disposition is None
+    assert journal.records == [outcome]
+
+
+async def lease_lost(server_url: str, service: ControllerService, *, replays: bool) -> None:
+    """A submit whose answer is lost, against a server at ``server_url`` that does not
+    replay (or behind a front that makes it so: ``replays=False``): admitted, its lease
+    lost, the orphan cancelled, nothing journaled; the item's next attempt, under a fresh
+    id, runs."""
+    journal = Journal()
+    lose = first_submit("after")
+    async with (
+        raw_server(forwards_to(server_url, lose, replays=replays)) as front,
+        Dispatcher(front.origin, service, generation="polling") as dispatcher,
+    ):
+        await dispatcher.health()  # a kept-alive connection, which the submit reuses
+        request = DispatchRequest(PROMPT, label="42", metadata={"sleep": 30})
+        outcome = await dispatcher.run(request, commit=journal)
+        if not replays:  # this package's server: its status endpoint shows the cancel
+            assert await server_status(server_url, outcome.rollout_id, "cancelled") == "cancelled"
+        retried = await dispatcher.run(DispatchRequest(PROMPT, label="42"), commit=journal)
     # the server admitted the first POST; its resend got 409 for the same id
     submits = [head for head, _ in front.requests if head.startswith(b"POST /rollout ")]
-    assert len(submits) == 2
+    assert len(submits) == 3  # the lost one, its resend, and the next attempt's
     assert (outcome.kind, outcome.admitted) == ("transport_error", True)
     assert outcome.cancel_disposition in ("cancelled_queued", "cancelled_running")
     assert "was admitted, but its answer was lost" in (outcome.detail or "")
-    assert journal.records == []
+    assert retried.rollout_id != outcome.rollout_id
+    assert (retried.kind, retried.status) == ("result", RolloutStatus.SUCCESS)
+    assert journal.records == [retried]  # the lost attempt is never journaled as failed
 
+
+async def test_a_lost_submit_answer_from_a_server_without_replay_is_an_admitted_attempt(sleepy):
+    await lease_lost(sleepy.url, sleepy.service, replays=False)
+
+
+COMPAT_PYTHON = os.environ.get("OSMOSIS_COMPAT_PYTHON", "")
+ORIGINAL_SERVER = """
+import asyncio
+import os
+
+import uvicorn
+
+from osmosis_ai.rollout import AgentWorkflow, Grader, LocalBackend
+from osmosis_ai.rollout.server import create_rollout_server
+
+
+class Sleepy(AgentWorkflow):
+    async def run(self, ctx):
+        await asyncio.sleep((ctx.metadata or {}).get("sleep", 0))
+        return [*ctx.prompt, {"role": "assistant", "content": "#### 42"}]
+
+
+class Full(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+
+
+app = create_rollout_server(backend=LocalBackend(workflow=Sleepy, grader=Full))
+uvicorn.run(app, host="127.0.0.1", port=int(os.environ["PORT"]), log_level="warning")
+"""
+
+
+@pytest.mark.compat
+@pytest.mark.skipif(
+    not COMPAT_PYTHON,
+    reason="compat tier: set OSMOSIS_COMPAT_PYTHON to an interpreter with the original "
+    "osmosis-ai 0.3.8 (extra server) installed",
+)
+async def test_a_lost_submit_answer_from_the_original_server_is_an_admitted_attempt(
+    sleepy, tmp_path
+):
+    script = tmp_path / "original_server.py"
+    script.write_text(ORIGINAL_SERVER)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OSMOSIS_", "_OSMOSIS_"))}
+    env |= {"PORT": str(port), "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": str(tmp_path / "artifacts")}
+    proc = await asyncio.create_subprocess_exec(
+        COMPAT_PYTHON, str(script), env=env, stdout=PIPE, stderr=STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as client, asyncio.timeout(60):
+            while True:
+                if proc.returncode is not None:
+                    output = (await proc.communicate())[0].decode(errors="replace")
+                    raise AssertionError(f"the original server exited: {output}")
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(f"{url}/health")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        # 0.3.8 answers the resend 409 itself: the front passes it on as it is
+        await lease_lost(url, sleepy.service, replays=True)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await asyncio.wait_for(proc.communicate(), 30)
+
+
+async def test_a_submit_lost_before_reaching_the_server_is_sent_again(sleepy):
+    journal, s = Journal(), sleepy
     async with (
         raw_server(forwards_to(s.url, first_submit("before"))) as front,
         Dispatcher(front.origin, s.service, generation="polling") as dispatcher,

@@ -2,6 +2,9 @@
 
 Each attempt gets a fresh rollout id registered with the proxy (and, for callbacks, the
 listener); ``429`` is retried; a deadline or a cancelled task cancels the remote rollout.
+A polling submit whose answer is lost is sent again: this package's server answers it with
+the lease and the attempt carries on; a server that answers ``409`` (0.3.8's) leaves the
+attempt admitted but unpollable, so it is cancelled and ends as a ``transport_error``.
 The attempt's data types live in :mod:`osmosis_ai.controller.attempt`, re-exported here.
 """
 
@@ -240,9 +243,9 @@ class Dispatcher:
         except RolloutAdmissionTimeoutError as exc:
             return self._outcome(attempt, "timeout", detail=str(exc))
         except RolloutLeaseLostError as exc:
-            # Admitted (a resend got 409 for this attempt's own id), but unpollable without
-            # the lease that went with the lost answer: stop it, and end as a lost answer,
-            # not as a rejected admission.
+            # Admitted (a resend got 409 for this attempt's own id from a server that does
+            # not replay submits), but unpollable without the lease that went with the lost
+            # answer: stop it, and end as a lost answer, not as a rejected admission.
             attempt.admitted = True
             disposition = await self._cancel_remote(attempt.rollout_id)
             return self._outcome(
