@@ -10,13 +10,16 @@ Layout (server parts need the ``platform`` extra and are imported only when used
                      distinct 401 codes, revoke; Principal = the caller
     store/orm.py     the one ORM module: every table (SQLAlchemy 2 typed declarative)
     store/database.py  make_engine (SQLite WAL + pragmas, or PostgreSQL), Database with
-                     transaction(), open_database(settings) which migrates first
+                     transaction() (writes; SQLite BEGIN IMMEDIATE) and read() (read-only,
+                     never waits for the write lock), open_database(settings) which migrates
     store/migrate.py Alembic run programmatically under a lock; refuses a newer schema
     store/migrations/versions/  the revisions (the schema changes only here)
     services/        plain functions over a Session, one module per resource (accounts.py:
                      users, workspaces, memberships, Git-identity lookup; device.py: device
                      login; rollouts.py: Git sync and the per-branch catalog, which takes the
-                     Database because git must not run inside a transaction; models.py);
+                     Database because git must not run inside a transaction, and reuses a
+                     fetch younger than settings.git_refresh_s for listings; models.py;
+                     runs.py + run_config.py: eval/training run submits, list, stop, logs);
                      they raise errors.py
     gitsync.py       bare mirrors under the data dir, branches, rollouts/<name>/main.py
     admin.py         what `osmosis platform user|workspace|token|model` do, one transaction
@@ -29,7 +32,7 @@ Layout (server parts need the ``platform`` extra and are imported only when used
     api/version.py   X-Osmosis-Version-* headers, 426 below MIN_SUPPORTED_CLI_VERSION
     api/wire.py      shared pydantic wire models; a resource's own live in its router
     api/<resource>.py  one router per resource (tokens.py, device.py, workspaces.py,
-                     rollouts.py, ...)
+                     rollouts.py, runs.py for /api/cli/eval-runs and training-runs, ...)
     web/device.py    the /device page that approves a device login (CSRF, escaped HTML)
     crypto.py        data-dir keys, secret encryption; objects.py  file store, signed URLs
     client.py        the /api/cli client the CLI uses (imports no server code)
