@@ -8,7 +8,7 @@ retention period, after which the id is forgotten and may be admitted again.
 An entry admitted from a body that carries an ``llm_api_key`` also keeps a keyed BLAKE2b
 digest of that body and the lease sealed under a pad derived from the body alone, so
 :meth:`Registry.replay` can hand the lease back to whoever sends the very same body again,
-while nothing the server holds yields the lease without that body.
+while nothing the registry holds yields the lease without that body.
 
 A long poll returns at every status change. A progress change (``running``, ``grading``)
 wakes it once it has lasted :data:`PROGRESS_COALESCE_SEC`, so a rollout that moves on at
@@ -88,7 +88,7 @@ def _token_text(raw: bytes) -> str:
 
 
 def _xor(data: bytes, pad: bytes) -> bytes:
-    return bytes(a ^ b for a, b in zip(data, pad, strict=True))
+    return (int.from_bytes(data) ^ int.from_bytes(pad)).to_bytes(len(data))
 
 
 def result_body(
