@@ -192,6 +192,13 @@ async def test_a_training_submit_needs_a_registered_base_model(team):
     detail = (await team.call("GET", f"/api/cli/training-runs/{submitted['name']}")).json()
     assert detail["training_run"]["status"] == "pending"
     assert detail["training_run"]["current_step"] is None
+    block = detail["training_run"]
+    assert (block["model_name"], block["dataset_name"], block["rollout_name"]) == (
+        "qwen-small",
+        "math",
+        "alpha",
+    )
+    assert block["model_id"] == detail["model"]["id"] and block["dataset_id"]
     assert detail["model"]["name"] == "qwen-small" and detail["model"]["id"]
     assert detail["config"] == {
         "model_path": "qwen-small",

@@ -104,13 +104,18 @@ class RunFieldsOut(WireModel):
     platform_url: str | None = None
 
 
-class RunRowOut(RunFieldsOut):
+class RunBlockOut(RunFieldsOut):
+    """The run's fields with its model, dataset and rollout flat (reference §6.1)."""
+
     model_id: str | None = None
     model_name: str | None = None
     dataset_id: str | None = None
     dataset_name: str | None = None
     rollout_id: str | None = None
     rollout_name: str | None = None
+
+
+class RunRowOut(RunBlockOut):
     model: ModelRefOut
     dataset: DatasetRefOut
     rollout: RefOut
@@ -158,12 +163,12 @@ class DetailOut(WireModel):
 
 
 class EvalRunDetailOut(DetailOut):
-    eval_run: RunFieldsOut
+    eval_run: RunBlockOut
     results: Table | None = None
     dataset_df_stats: Table | None = None
 
 
-class TrainingRunBlockOut(RunFieldsOut):
+class TrainingRunBlockOut(RunBlockOut):
     current_step: int | None = None
     total_steps: int | None = None
     reward: float | None = None
@@ -231,17 +236,22 @@ def _refs(run: Run, models: dict[str, str]) -> Table:
     }
 
 
-def _row(run: Run, people: dict[str, service.Person], models: dict[str, str]) -> Table:
-    refs = _refs(run, models)
+def _block(run: Run, people: dict[str, service.Person], models: dict[str, str]) -> Table:
     return {
         **_fields(run, people),
-        **refs,
         "model_id": run.model_id,
-        "model_name": refs["model"].name,
+        "model_name": models.get(run.model_id or "") or run.model_path,
         "dataset_id": run.dataset_id,
         "dataset_name": run.dataset_name,
         "rollout_id": run.rollout_id,
         "rollout_name": run.rollout_name,
+    }
+
+
+def _row(run: Run, people: dict[str, service.Person], models: dict[str, str]) -> Table:
+    return {
+        **_block(run, people, models),
+        **_refs(run, models),
         "branch": run.branch,
         "commit_sha": run.commit_sha,
         "config": run_config(run),
@@ -378,7 +388,7 @@ def get_eval_run(
         run = service.get_run(session, workspace, "eval", name_or_id)
         people = service.people(session, [run])
     return EvalRunDetailOut(
-        eval_run=RunFieldsOut(**_fields(run, people)),
+        eval_run=RunBlockOut(**_block(run, people, {})),
         results=run.results,
         **_detail(run, {}),
     )
@@ -451,7 +461,7 @@ def get_training_run(
         models = service.model_names(session, [run])
     return TrainingRunDetailOut(
         training_run=TrainingRunBlockOut(
-            **_fields(run, people),
+            **_block(run, people, models),
             **_progress(run),
             examples_processed_count=run.examples_processed_count,
             notes=run.notes,
