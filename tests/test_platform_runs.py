@@ -645,3 +645,26 @@ def test_a_name_is_unique_per_workspace_and_logs_go_with_their_run(harness):
     with harness.platform.read() as session:
         assert session.scalars(select(RunLog)).all() == []
         assert [r.workspace_id for r in session.scalars(select(Run))] == [other_id]
+
+
+async def test_submits_at_once_all_land_with_their_own_names(team):
+    import asyncio
+
+    async with team.harness.client() as client:
+        answers = await asyncio.gather(
+            *(
+                client.post(path, json=body, headers=account.headers(REPO))
+                for path, body, account in [
+                    ("/api/cli/eval-runs", eval_body(), team.alice),
+                    ("/api/cli/eval-runs", eval_body(branch="feature"), team.bob),
+                    ("/api/cli/training-runs", training_body(), team.carol),
+                    ("/api/cli/training-runs", training_body(), team.dave),
+                ]
+            )
+        )
+    assert [a.status_code for a in answers] == [201] * 4, [a.text for a in answers]
+    assert len({a.json()["name"] for a in answers}) == 4
+    with team.harness.platform.read() as session:
+        runs = session.scalars(select(Run)).all()
+        assert sorted(r.kind for r in runs) == ["eval", "eval", "training", "training"]
+        assert {r.status for r in runs} == {"pending"}
