@@ -6,7 +6,7 @@ the rollout with ``lease_expired``. Terminal results are kept, pre-encoded, for 
 retention period, after which the id is forgotten and may be admitted again.
 
 An entry admitted from a body that carries an ``llm_api_key`` also keeps a keyed BLAKE2b
-digest of that body and the lease sealed under a pad derived from the body alone, so
+digest of that body and the lease sealed under a pad that only that body yields, so
 :meth:`Registry.replay` can hand the lease back to whoever sends the very same body again,
 while nothing the registry holds yields the lease without that body.
 
