@@ -170,31 +170,7 @@ def check_submission(
         raise ValueError(f"not a run kind: {kind!r}")
     issues: list[Issue] = []
     experiment = _experiment(experiment_config, issues)
-    kept: dict[str, dict[str, object]] = {}
-    allowed = SECTIONS[kind]
-    for name, table in sections.items():
-        if table is None:
-            continue
-        key = f"{name}_config"
-        if name != "advanced" and name not in allowed:
-            issues.append({"key": key, "message": f"is not part of a{_article(kind)} run"})
-            continue
-        if (problem := _json_problem(table)) is not None:
-            issues.append({"key": key, "message": problem})
-            continue
-        if name != "advanced":
-            for item, value in table.items():
-                check = allowed[name].get(item)
-                if check is None:
-                    known = ", ".join(allowed[name])
-                    issues.append(
-                        {"key": f"{key}.{item}", "message": f"Unrecognized key (known: {known})"}
-                    )
-                elif value is not None and (problem := check(value)) is not None:
-                    issues.append({"key": f"{key}.{item}", "message": problem})
-        cleaned = {k: v for k, v in table.items() if v is not None}
-        if cleaned:
-            kept[name] = cleaned
+    kept = _sections(kind, sections, issues)
     env = _env(env_config, issues)
     required = _required(required_secrets, issues)
     provided = dict(provided_secrets or {})
@@ -236,27 +212,42 @@ def check_submission(
     )
 
 
+def _sections(
+    kind: str, sections: Mapping[str, Mapping[str, object] | None], issues: list[Issue]
+) -> dict[str, dict[str, object]]:
+    """The kind's sections without their null values; unknown sections and keys, values
+    that are not JSON and values a check refuses go to ``issues``."""
+    kept: dict[str, dict[str, object]] = {}
+    allowed = SECTIONS[kind]
+    for name, table in sections.items():
+        if table is None:
+            continue
+        key = f"{name}_config"
+        if name != "advanced" and name not in allowed:
+            issues.append({"key": key, "message": f"is not part of a{_article(kind)} run"})
+            continue
+        if (problem := _json_problem(table)) is not None:
+            issues.append({"key": key, "message": problem})
+            continue
+        if name != "advanced":
+            for item, value in table.items():
+                check = allowed[name].get(item)
+                if check is None:
+                    known = ", ".join(allowed[name])
+                    issues.append(
+                        {"key": f"{key}.{item}", "message": f"Unrecognized key (known: {known})"}
+                    )
+                elif value is not None and (problem := check(value)) is not None:
+                    issues.append({"key": f"{key}.{item}", "message": problem})
+        cleaned = {k: v for k, v in table.items() if v is not None}
+        if cleaned:
+            kept[name] = cleaned
+    return kept
+
+
 def _experiment(config: Mapping[str, object], issues: list[Issue]) -> Experiment | None:
     before = len(issues)
-    for key in config:
-        if key not in EXPERIMENT_KEYS:
-            issues.append(
-                {
-                    "key": f"experiment_config.{key}",
-                    "message": f"Unrecognized key (known: {', '.join(EXPERIMENT_KEYS)})",
-                }
-            )
-    values: dict[str, str | None] = {}
-    for key in EXPERIMENT_KEYS:
-        value = config.get(key)
-        optional = key in ("branch", "commit_sha")
-        if value is None and optional:
-            values[key] = None
-        elif not isinstance(value, str) or not value.strip():
-            what = "is required" if value is None else f"must be a non-empty string, got {value!r}"
-            issues.append({"key": f"experiment_config.{key}", "message": what})
-        else:
-            values[key] = value.strip()
+    values = _experiment_values(config, issues)
     rollout = values.get("rollout")
     if rollout is not None and (not _ROLLOUT.match(rollout) or rollout in (".", "..")):
         issues.append(
@@ -313,6 +304,31 @@ def _experiment(config: Mapping[str, object], issues: list[Issue]) -> Experiment
         branch=branch,
         commit_sha=commit.lower() if commit is not None else None,
     )
+
+
+def _experiment_values(config: Mapping[str, object], issues: list[Issue]) -> dict[str, str | None]:
+    """``experiment_config``'s known keys, stripped (``None`` for an unset optional one);
+    unknown keys and missing or non-string values go to ``issues``."""
+    for key in config:
+        if key not in EXPERIMENT_KEYS:
+            issues.append(
+                {
+                    "key": f"experiment_config.{key}",
+                    "message": f"Unrecognized key (known: {', '.join(EXPERIMENT_KEYS)})",
+                }
+            )
+    values: dict[str, str | None] = {}
+    for key in EXPERIMENT_KEYS:
+        value = config.get(key)
+        optional = key in ("branch", "commit_sha")
+        if value is None and optional:
+            values[key] = None
+        elif not isinstance(value, str) or not value.strip():
+            what = "is required" if value is None else f"must be a non-empty string, got {value!r}"
+            issues.append({"key": f"experiment_config.{key}", "message": what})
+        else:
+            values[key] = value.strip()
+    return values
 
 
 def _relative_path(path: str) -> str | None:
