@@ -71,6 +71,9 @@ class DispatchOutcome:
     rollout was cancelled, see ``cancel_disposition``) or ``transport_error`` (the server
     was unreachable, answered 5xx, or broke the protocol). ``result`` is the polling body;
     ``completion``/``grader`` the callback bodies. ``calls`` are the proxy's records.
+    ``lost_in_transit``: admitted, but the answer carrying its lease was lost and the server
+    does not replay submits; the rollout was cancelled, and the item may run again under a
+    fresh id without being counted twice.
     """
 
     rollout_id: str
@@ -86,6 +89,7 @@ class DispatchOutcome:
     calls: tuple[CallRecord, ...] = ()
     total_tokens: int = 0
     duration_ms: float = 0.0
+    lost_in_transit: bool = False
 
     @property
     def status(self) -> RolloutStatus | None:

@@ -249,7 +249,11 @@ class Dispatcher:
             attempt.admitted = True
             disposition = await self._cancel_remote(attempt.rollout_id)
             return self._outcome(
-                attempt, "transport_error", cancel_disposition=disposition, detail=str(exc)
+                attempt,
+                "transport_error",
+                cancel_disposition=disposition,
+                detail=str(exc),
+                lost_in_transit=True,
             )
         except RolloutProtocolError as exc:
             if exc.status_code == 202:  # admitted, but the answer is unusable: stop it

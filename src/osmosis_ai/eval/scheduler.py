@@ -41,6 +41,7 @@ from osmosis_ai.rollout.http import async_client
 
 TRAJECTORY_WAIT_SEC = 30.0
 _SERVER_CHECK_SEC = 0.2
+LOST_IN_TRANSIT_RETRIES = 3  # fresh ids an item may take when submit answers are lost
 
 RecordHook = Callable[[JournalRecord], None]
 """Told about each record once it is durable."""
@@ -151,14 +152,18 @@ class Scheduler:
             if item is None:
                 return
             try:
-                await self._attempt(dispatcher, item.new_attempt())
+                for _ in range(LOST_IN_TRANSIT_RETRIES + 1):
+                    if not await self._attempt(dispatcher, item.new_attempt()):
+                        break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a fault of this process (e.g. the disk): stop dispatching
                 self.runlog.error("dispatch", "worker failed", {"error": repr(exc)})
                 self.halt(f"{type(exc).__name__}: {exc}")
 
-    async def _attempt(self, dispatcher: Dispatcher, attempt: Attempt) -> None:
+    async def _attempt(self, dispatcher: Dispatcher, attempt: Attempt) -> bool:
+        """Runs one attempt; ``True`` when it was lost in transit and the item should run
+        again under a fresh id (nothing of it was journaled)."""
         row = self.plan.rows[attempt.row_index]
         timeouts = self.plan.inputs.timeouts
         request = DispatchRequest(
@@ -193,10 +198,18 @@ class Scheduler:
         if record is not None:
             await self._append(record)
             committed.append(record)
+        elif outcome.lost_in_transit and not committed:
+            self.runlog.warning(
+                "dispatch",
+                "submit answer lost; the item runs again under a fresh id",
+                {"id": attempt.rollout_id, "detail": outcome.detail},
+            )
+            return True
         elif outcome.kind in ("timeout", "transport_error", "admission_rejected"):
             self.halt(outcome.detail or outcome.kind)
         if committed:
             self._recorded(committed[-1], outcome)
+        return False
 
     async def _append(self, record: JournalRecord) -> None:
         # Shielded: a cancel arriving mid-write must not leave the caller unsure; the record
