@@ -105,6 +105,8 @@ def test_simple_upload_is_processed_listed_and_downloadable(world, alice):
     page = alice.get("/api/cli/datasets").json()
     assert [d["id"] for d in page["datasets"]] == [dataset["id"]]
     assert (page["total_count"], page["has_more"], page["next_offset"]) == (1, False, None)
+    listed = page["datasets"][0]
+    assert listed == {**by_name, "data_preview": None}  # a list item is the detail less preview
 
     info = alice.get("/api/cli/datasets/math/download").json()
     assert info["file_name"] == "math.jsonl" and info["expires_in"] > 0

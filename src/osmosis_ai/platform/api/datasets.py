@@ -12,13 +12,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Body, Query
+from fastapi import APIRouter, BackgroundTasks, Body, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep, PrincipalDep, WorkspaceDep
 from osmosis_ai.platform.api.objects import object_store, url_signer
-from osmosis_ai.platform.api.wire import WireModel
+from osmosis_ai.platform.api.wire import WireModel, json_bytes
 from osmosis_ai.platform.services import datasets as service
 from osmosis_ai.platform.services.paging import MAX_PAGE
 from osmosis_ai.platform.store.orm import Dataset, DatasetLog
@@ -203,27 +203,28 @@ def abort_upload(
         return _one(session, dataset)
 
 
-@router.get("")
+@router.get("", response_model=DatasetsPageOut)
 def list_datasets(
     platform: PlatformDep,
     workspace: WorkspaceDep,
     limit: Annotated[int, Query()] = MAX_PAGE,
     offset: Annotated[int, Query()] = 0,
-) -> DatasetsPageOut:
-    with platform.transaction() as session:
+) -> Response:
+    """The hot read of the CLI: plain rows straight to JSON (the shape of DatasetsPageOut)."""
+    with platform.read() as session:
         page = service.list_datasets(session, workspace, limit=limit, offset=offset)
-        creators = service.creator_names(session, page.items)
-    return DatasetsPageOut(
-        datasets=[dataset_out(d, creators) for d in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
-    )
+    body = {
+        "datasets": page.items,
+        "total_count": page.total_count,
+        "has_more": page.has_more,
+        "next_offset": page.next_offset,
+    }
+    return Response(json_bytes(body), media_type="application/json")
 
 
 @router.get("/{name_or_id}")
 def get_dataset(name_or_id: str, platform: PlatformDep, workspace: WorkspaceDep) -> DatasetOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         return _one(session, service.get_dataset(session, workspace, name_or_id))
 
 
@@ -231,7 +232,7 @@ def get_dataset(name_or_id: str, platform: PlatformDep, workspace: WorkspaceDep)
 def download_dataset(
     name_or_id: str, platform: PlatformDep, workspace: WorkspaceDep
 ) -> DownloadOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         found = service.download_dataset(
             session,
             workspace,
@@ -254,7 +255,7 @@ def dataset_logs(
     direction: Annotated[str, Query()] = "older",
     cursor: Annotated[str | None, Query()] = None,
 ) -> LogsOut:
-    with platform.transaction() as session:
+    with platform.read() as session:
         page = service.dataset_logs(
             session, workspace, name_or_id, limit=limit, direction=direction, cursor=cursor
         )

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
@@ -33,7 +33,7 @@ from osmosis_ai.platform.objects import (
     UrlSigner,
 )
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
-from osmosis_ai.platform.services.paging import CursorPage, Page, cursor_page, offset_page
+from osmosis_ai.platform.services.paging import CursorPage, Page, check_page, cursor_page
 from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import Dataset, DatasetLog, Upload, User
 from osmosis_ai.workspace.dataset import (
@@ -480,16 +480,53 @@ def needs_inline_processing(dataset: Dataset) -> bool:
 # --- reading -----------------------------------------------------------------------------
 
 
+# What a list item shows: every column but the preview (the detail has it), as plain rows.
+LIST_COLUMNS = (
+    Dataset.id,
+    Dataset.file_name,
+    Dataset.file_size,
+    Dataset.status,
+    Dataset.file_format,
+    Dataset.original_file_format,
+    Dataset.row_count,
+    Dataset.original_file_size,
+    Dataset.created_at,
+    Dataset.updated_at,
+)
+
+
 def list_datasets(
     session: Session, workspace: WorkspaceAccess, *, limit: int, offset: int
-) -> Page[Dataset]:
-    """The workspace's datasets, newest first."""
+) -> Page[dict[str, object]]:
+    """The workspace's datasets, newest first, without previews, with ``creator_name``.
+
+    Plain rows (no ORM objects): this is the CLI's most frequent read. The total is counted
+    only when the page does not tell it.
+    """
+    check_page(limit, offset)
     query = (
-        select(Dataset)
+        select(*LIST_COLUMNS, User.name, User.email)
+        .outerjoin(User, User.id == Dataset.creator_id)
         .where(Dataset.workspace_id == workspace.id)
         .order_by(Dataset.created_at.desc(), Dataset.id.desc())
+        .limit(limit)
+        .offset(offset)
     )
-    return offset_page(session, query, limit, offset)
+    keys = [column.key for column in LIST_COLUMNS]
+    items: list[dict[str, object]] = []
+    for row in session.execute(query):
+        data: tuple[object, ...] = tuple(row)
+        item = dict(zip(keys, data[: len(keys)], strict=True))
+        item["data_preview"] = None
+        item["creator_name"] = data[-2] or data[-1]  # the creator's name, else email
+        item["platform_url"] = None  # the detail's field: no web page per dataset yet
+        items.append(item)
+    if offset == 0 and len(items) < limit:
+        total = len(items)
+    else:
+        count = select(func.count()).select_from(Dataset)
+        total = session.scalar(count.where(Dataset.workspace_id == workspace.id)) or 0
+    return Page(items, total, offset)
 
 
 def get_dataset(session: Session, workspace: WorkspaceAccess, name_or_id: str) -> Dataset:

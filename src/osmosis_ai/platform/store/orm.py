@@ -207,6 +207,7 @@ class Dataset(Base):
     __table_args__ = (
         CheckConstraint(_one_of("status", DATASET_STATUSES), name="status"),
         Index(None, "workspace_id", "file_name"),
+        Index(None, "workspace_id", "created_at", "id"),  # the list order (newest first)
     )
 
     id: Mapped[str] = _id()
