@@ -5,6 +5,7 @@ last use is written at most once a minute). SQLite and PostgreSQL, real database
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 
 import pytest
@@ -112,12 +113,26 @@ def test_sqlite_writes_take_the_lock_up_front_and_reads_do_not(tmp_path):
     ]
 
 
-async def test_api_reads_answer_while_a_writer_holds_the_database(harness):
-    harness.workspace("Team", repo=REPO)
+@pytest.fixture
+def origin(tmp_path):
+    """A repository with one (empty) commit on main."""
+    repo = tmp_path / "origin"
+    repo.mkdir()
+    for args in (("init", "-q", "-b", "main"), ("commit", "-q", "--allow-empty", "-m", "x")):
+        subprocess.run(
+            ["git", "-c", "user.name=A", "-c", "user.email=a@example.com", *args],
+            cwd=repo,
+            check=True,
+        )
+    return repo
+
+
+async def test_api_reads_answer_while_a_writer_holds_the_database(harness, origin):
+    harness.workspace("Team", repo=REPO, clone_url=str(origin))
     alice = harness.account("alice@example.com", workspace="Team")
     async with harness.client() as client:
-        first = await client.get("/api/cli/environment-secrets", headers=alice.headers(REPO))
-        assert first.status_code == 200  # the token's first use is recorded (a write)
+        first = await client.get("/api/cli/rollouts", headers=alice.headers(REPO))
+        assert first.status_code == 200  # the token's first use and a fetch are recorded
         holding, release, order = threading.Event(), threading.Event(), []
         writer = hold_a_write(harness.platform.database, holding, release, order)
         try:
@@ -127,15 +142,21 @@ async def test_api_reads_answer_while_a_writer_holds_the_database(harness):
                 "/api/cli/models/base",
                 "/api/cli/models/lora",
                 "/api/cli/verify",
+                "/api/cli/rollouts",  # listed a moment ago: answered from that fetch
+                "/api/cli/eval-runs",
+                "/api/cli/training-runs",
+                "/api/cli/datasets/nope/logs",  # 404, found out by reading
             ]
+            paths += ["/api/cli/datasets"] * 50  # fifty clients listing datasets at once
             answers = await asyncio.gather(
-                *(client.get(path, headers=alice.headers(REPO)) for path in paths * 5)
+                *(client.get(path, headers=alice.headers(REPO)) for path in paths)
             )
             order.append("reads done")
         finally:
             release.set()
             await asyncio.to_thread(writer.join)
-    assert [a.status_code for a in answers] == [200] * len(answers)
+    assert [a.status_code for a in answers] == [200] * (len(answers) - 51) + [404] + [200] * 50
+    assert all(a.json()["total_count"] == 0 for a in answers[-50:])
     assert order == ["reads done", "writer committed"]
     workspaces = await list_workspaces(harness, alice)
     assert [w["name"] for w in workspaces] == ["Team"]
