@@ -152,18 +152,40 @@ class Scheduler:
             if item is None:
                 return
             try:
-                for _ in range(LOST_IN_TRANSIT_RETRIES + 1):
-                    if not await self._attempt(dispatcher, item.new_attempt()):
-                        break
+                await self._run_item(dispatcher, item)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a fault of this process (e.g. the disk): stop dispatching
                 self.runlog.error("dispatch", "worker failed", {"error": repr(exc)})
                 self.halt(f"{type(exc).__name__}: {exc}")
 
-    async def _attempt(self, dispatcher: Dispatcher, attempt: Attempt) -> bool:
-        """Runs one attempt; ``True`` when it was lost in transit and the item should run
-        again under a fresh id (nothing of it was journaled)."""
+    async def _run_item(self, dispatcher: Dispatcher, item: WorkItem) -> None:
+        """Runs ``item`` until an attempt settles it. An attempt whose submit answer was
+        lost runs again under a fresh id, up to ``LOST_IN_TRANSIT_RETRIES`` times; when the
+        answers keep being lost, the run halts with the last one's detail."""
+        tries = 0
+        while True:
+            attempt = item.new_attempt()
+            tries += 1
+            lost = await self._attempt(dispatcher, attempt)
+            if lost is None or self.halted is not None:  # settled, or the run is stopping
+                return
+            if tries > LOST_IN_TRANSIT_RETRIES:
+                self.halt(
+                    f"the answers to {tries} submits in a row for row {item.row_index} run "
+                    f"{item.run_index} were lost and the rollout server does not replay "
+                    f"submits; the last: {lost}"
+                )
+                return
+            self.runlog.warning(
+                "dispatch",
+                "submit answer lost; the item runs again under a fresh id",
+                {"id": attempt.rollout_id, "detail": lost},
+            )
+
+    async def _attempt(self, dispatcher: Dispatcher, attempt: Attempt) -> str | None:
+        """Runs one attempt; when it was lost in transit (admitted, its answer lost, the
+        rollout cancelled, nothing journaled), returns why, and the item may run again."""
         row = self.plan.rows[attempt.row_index]
         timeouts = self.plan.inputs.timeouts
         request = DispatchRequest(
@@ -199,17 +221,12 @@ class Scheduler:
             await self._append(record)
             committed.append(record)
         elif outcome.lost_in_transit and not committed:
-            self.runlog.warning(
-                "dispatch",
-                "submit answer lost; the item runs again under a fresh id",
-                {"id": attempt.rollout_id, "detail": outcome.detail},
-            )
-            return True
+            return outcome.detail or outcome.kind
         elif outcome.kind in ("timeout", "transport_error", "admission_rejected"):
             self.halt(outcome.detail or outcome.kind)
         if committed:
             self._recorded(committed[-1], outcome)
-        return False
+        return None
 
     async def _append(self, record: JournalRecord) -> None:
         # Shielded: a cancel arriving mid-write must not leave the caller unsure; the record
