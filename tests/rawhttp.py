@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -234,3 +235,38 @@ def first_submit(when: Lost) -> Callable[[bytes], Lost | None]:
         return None
 
     return lose
+
+
+def submits_lost(when: Lost, count: int | None = None) -> Callable[[bytes], Lost | None]:
+    """For :func:`forwards_to`: lose the first ``count`` ``POST /rollout`` forwarded (every
+    one when ``None``), ``when`` forwarding them. A resend that the front answers ``409``
+    itself is not forwarded, so it is not counted."""
+    lost: list[bytes] = []
+
+    def lose(head: bytes) -> Lost | None:
+        if head.startswith(b"POST /rollout ") and (count is None or len(lost) < count):
+            lost.append(head)
+            return when
+        return None
+
+    return lose
+
+
+def submitted_ids(server: RawServer) -> list[str]:
+    """The ``rollout_id`` of each ``POST /rollout`` that reached ``server``, resends included,
+    in the order they arrived."""
+    return [
+        json.loads(body)["rollout_id"]
+        for head, body in server.requests
+        if head.startswith(b"POST /rollout ")
+    ]
+
+
+def cancelled_ids(server: RawServer) -> list[str]:
+    """The ids named by each ``POST /rollout/cancel`` that reached ``server``."""
+    return [
+        rollout_id
+        for head, body in server.requests
+        if head.startswith(b"POST /rollout/cancel ")
+        for rollout_id in json.loads(body).get("ids") or []
+    ]
