@@ -433,3 +433,55 @@ def test_secret_key_from_the_environment(tmp_path):
     assert not (tmp_path / "secrets.key").exists()
     with pytest.raises(ConfigError, match="44 characters"):
         secret_key(tmp_path, environ={SECRET_KEY_ENV: "too-short"})
+
+
+def put_part(server, signer, upload_id, key, number, body, *, offset=None, size=None):
+    params = {"upload_id": upload_id, "part_number": str(number), "size": str(size or len(body))}
+    if offset is not None:
+        params["offset"] = str(offset)
+    url = signer.url(server.url, "part", key, params, expires_in=60)
+    return httpx.put(url, content=body)
+
+
+def test_parts_with_offsets_are_written_in_place(server, signer, store):
+    chunks = [os.urandom(70_000), os.urandom(70_000), os.urandom(999)]
+    offsets = [0, 70_000, 140_000]
+    upload_id = store.start_upload("data/placed.bin")
+    etags = {}
+    for number in (2, 3, 1):
+        answer = put_part(
+            server, signer, upload_id, "data/placed.bin", number, chunks[number - 1],
+            offset=offsets[number - 1],
+        )  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        etags[number] = answer.headers["etag"]
+    assert not any(p.name.endswith(".part") for p in (store.root / "staging").rglob("*"))
+
+    with pytest.raises(InvalidUploadPart, match="do not join up"):
+        store.complete_upload(upload_id, [(1, etags[1]), (3, etags[3])])
+    with pytest.raises(UploadSizeMismatch, match="declared 5"):
+        store.complete_upload(upload_id, list(etags.items()), size=5)
+    with pytest.raises(InvalidUploadPart, match="part 2 does not match"):
+        store.complete_upload(upload_id, [(1, etags[1]), (2, etags[3]), (3, etags[3])])
+
+    info = store.complete_upload(upload_id, list(etags.items()), size=140_999)
+    with store.open(info.key) as handle:
+        assert handle.read() == b"".join(chunks)
+    assert staging_files(store) == []
+
+
+def test_a_truncated_part_in_place_leaves_no_part(server, signer, store):
+    upload_id = store.start_upload("p.bin")
+    first = put_part(server, signer, upload_id, "p.bin", 1, b"a" * 8, offset=0).headers["etag"]
+
+    def short():
+        yield b"b" * 3
+
+    answer = put_part(server, signer, upload_id, "p.bin", 1, short(), offset=0, size=8)
+    assert answer.status_code == 400
+    with pytest.raises(InvalidUploadPart, match="never received"):  # the old part is gone too
+        store.complete_upload(upload_id, [(1, first)])
+    again = put_part(server, signer, upload_id, "p.bin", 1, b"c" * 8, offset=0).headers["etag"]
+    info = store.complete_upload(upload_id, [(1, again)], size=8)
+    with store.open(info.key) as handle:
+        assert handle.read() == b"c" * 8

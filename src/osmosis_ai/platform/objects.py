@@ -18,7 +18,9 @@ id, part number and size; ``op=get``); altering any of them, or using it after
 
 Multipart uploads follow S3's shape: each part is PUT on its own URL and answered with an
 ``ETag`` (a digest of the part); completing names ``[(part_number, etag)]``, and the parts
-are joined in part-number order only if every ETag matches what was stored.
+are joined in part-number order only if every ETag matches what was stored. A part URL that
+also signs the part's ``offset`` has the part written straight into its place in the object,
+so completing a multi-GB upload is a rename, not a copy.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ DEFAULT_EXPIRES_IN = 3600
 _WRITE_BUFFER = 1 << 20
 _UPLOAD_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 _WHOLE = "whole.body"
+_ASSEMBLY = "assembly.body"  # the object being written part by part, in place
 _ETAG = re.compile(r"^[0-9a-f]{32}$")
 _R = TypeVar("_R")
 _Args = TypeVarTuple("_Args")
@@ -264,20 +267,38 @@ class ObjectStore:
             _discard(temp)
 
     async def receive_part(
-        self, upload_id: str, part_number: int, chunks: AsyncIterable[bytes], *, size: int
+        self,
+        upload_id: str,
+        part_number: int,
+        chunks: AsyncIterable[bytes],
+        *,
+        size: int,
+        offset: int | None = None,
     ) -> str:
         """Receive one part of exactly ``size`` bytes; returns its ETag (unquoted).
 
-        Sending a part number again replaces the part (and its ETag).
+        With ``offset`` (where the part starts in the object) the part is written straight
+        into place, so completing needs no copy; without it the part is kept apart and
+        completing joins the parts. Sending a part number again replaces the part (and its
+        ETag).
         """
         folder = self._upload_folder(upload_id)
         self.upload_key(upload_id)
         if part_number < 1:
             raise InvalidUploadPart(f"part numbers start at 1, got {part_number}")
+        for old in [*folder.glob(f"{part_number}-*.part"), *folder.glob(f"{part_number}-*.at")]:
+            old.unlink(missing_ok=True)
+        if offset is not None:
+            if offset < 0:
+                raise InvalidUploadPart(f"a part cannot start before byte 0 (offset {offset})")
+            etag = await self._receive_in_place(chunks, size, folder / _ASSEMBLY, offset)
+            marker = folder / f"{part_number}-{etag}.at"
+            temp = folder / f".{marker.name}.tmp"
+            temp.write_text(f"{offset} {size}", encoding="ascii")
+            os.replace(temp, marker)
+            return etag
         temp, etag = await self._receive_to_temp(chunks, size, folder, digest=True)
         try:
-            for old in folder.glob(f"{part_number}-*.part"):
-                old.unlink(missing_ok=True)
             os.replace(temp, folder / f"{part_number}-{etag}.part")
         finally:
             _discard(temp)
@@ -299,6 +320,9 @@ class ObjectStore:
         """
         folder = self._upload_folder(upload_id)
         key = self.upload_key(upload_id)
+        placed = None if parts is None else self._placed(folder, parts)
+        if placed is not None:
+            return self._complete_in_place(folder, key, placed, size)
         files = [self._whole(folder)] if parts is None else self._parts(folder, parts)
         total = sum(path.stat().st_size for path in files)
         if size is not None and total != size:
@@ -341,7 +365,50 @@ class ObjectStore:
             )
         return path
 
-    def _parts(self, folder: Path, parts: Sequence[tuple[int, str]]) -> list[Path]:
+    def _placed(
+        self, folder: Path, parts: Sequence[tuple[int, str]]
+    ) -> list[tuple[int, int]] | None:
+        """(offset, size) of each named part when all were written in place; else None."""
+        self._check_numbers(parts)
+        spans: list[tuple[int, int]] = []
+        for number, etag in sorted(parts):
+            marker = folder / f"{number}-{etag.strip().strip(chr(34))}.at"
+            if not marker.is_file():
+                if not any(folder.glob("*.at")):
+                    return None  # parts kept apart: they are joined by copying
+                held = [_part_etag(found) for found in folder.glob(f"{number}-*.at")]
+                raise _part_mismatch(number, etag, held)
+            offset, _, size = marker.read_text(encoding="ascii").partition(" ")
+            spans.append((int(offset), int(size)))
+        return spans
+
+    def _complete_in_place(
+        self, folder: Path, key: str, spans: list[tuple[int, int]], size: int | None
+    ) -> ObjectInfo:
+        end = 0
+        for offset, length in spans:
+            if offset != end:
+                raise InvalidUploadPart(
+                    f"the parts do not join up: one starts at byte {offset}, not {end}; "
+                    "complete with every part of the upload",
+                    field="parts",
+                )
+            end += length
+        if size is not None and end != size:
+            raise UploadSizeMismatch(
+                f"the upload holds {end} bytes but declared {size}; "
+                "upload the whole file before completing",
+                field="parts",
+            )
+        assembly = folder / _ASSEMBLY
+        with assembly.open("r+b") as handle:
+            handle.truncate(end)
+            os.fsync(handle.fileno())
+        self._publish(assembly, self.path(key))
+        shutil.rmtree(folder, ignore_errors=True)
+        return self.stat(key)
+
+    def _check_numbers(self, parts: Sequence[tuple[int, str]]) -> None:
         if not parts:
             raise InvalidUploadPart("a multipart completion needs at least one part", field="parts")
         numbers = [number for number, _ in parts]
@@ -349,18 +416,20 @@ class ObjectStore:
             raise InvalidUploadPart(
                 f"part numbers repeat in the completion: {sorted(numbers)}", field="parts"
             )
+
+    def _parts(self, folder: Path, parts: Sequence[tuple[int, str]]) -> list[Path]:
+        self._check_numbers(parts)
         files: list[Path] = []
         for number, etag in sorted(parts):
             tag = etag.strip().strip('"')
             path = folder / f"{number}-{tag}.part"
             if not _ETAG.match(tag) or not path.is_file():
-                held = [_part_etag(found) for found in folder.glob(f"{number}-*.part")]
-                reason = f"its stored ETag is {held[0]!r}" if held else "it was never received"
-                raise InvalidUploadPart(
-                    f"part {number} does not match ETag {etag!r}: {reason}; "
-                    "send the ETag its upload was answered with",
-                    field="parts",
-                )
+                held = [
+                    _part_etag(found)
+                    for pattern in (f"{number}-*.part", f"{number}-*.at")
+                    for found in folder.glob(pattern)
+                ]
+                raise _part_mismatch(number, etag, held)
             files.append(path)
         return files
 
@@ -411,6 +480,40 @@ class ObjectStore:
         etag = hasher.hexdigest()[:32] if hasher is not None else ""
         return temp, etag
 
+    async def _receive_in_place(
+        self, chunks: AsyncIterable[bytes], size: int, path: Path, offset: int
+    ) -> str:
+        """Write exactly ``size`` bytes at ``offset`` of ``path``; the ETag of those bytes."""
+        if size < 0:
+            raise UploadSizeMismatch(f"an upload size cannot be negative ({size})")
+        hasher = hashlib.sha256()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            received = 0
+            pending = bytearray()
+            position = offset
+            async for chunk in chunks:
+                received += len(chunk)
+                if received > size:
+                    raise UploadSizeMismatch(
+                        f"the upload is larger than the {size} bytes it was signed for; "
+                        "request a new upload URL with the file's real size"
+                    )
+                hasher.update(chunk)
+                pending += chunk
+                if len(pending) >= _WRITE_BUFFER:
+                    position += _pwrite_all(fd, pending, position)
+                    pending.clear()
+            if received < size:
+                raise UploadSizeMismatch(
+                    f"the upload ended after {received} of {size} bytes; send the whole file"
+                )
+            _pwrite_all(fd, pending, position)
+            await _in_thread(os.fsync, fd)
+        finally:
+            os.close(fd)
+        return hasher.hexdigest()[:32]
+
     def _publish(self, temp: Path, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.parent.resolve().is_relative_to(self._objects):
@@ -432,8 +535,26 @@ def _discard(path: Path) -> None:
         os.unlink(path)
 
 
+def _part_mismatch(number: int, etag: str, held: list[str]) -> InvalidUploadPart:
+    reason = f"its stored ETag is {held[0]!r}" if held else "it was never received"
+    return InvalidUploadPart(
+        f"part {number} does not match ETag {etag!r}: {reason}; "
+        "send the ETag its upload was answered with",
+        field="parts",
+    )
+
+
 def _part_etag(path: Path) -> str:
-    return path.name.partition("-")[2].removesuffix(".part")
+    return path.name.partition("-")[2].removesuffix(".part").removesuffix(".at")
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray, position: int) -> int:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, position)
+        position += written
+        view = view[written:]
+    return len(data)
 
 
 def _copy(source: BinaryIO, target: BinaryIO) -> None:

@@ -3,8 +3,8 @@
 * ``PUT ?op=put&upload_id&size&content_type`` the body of a simple upload (the request must
   carry the ``Content-Type`` it was signed with, as the create answer's ``upload_headers``
   say);
-* ``PUT ?op=part&upload_id&part_number&size`` one part of a multipart upload, answered with
-  its ``ETag`` header;
+* ``PUT ?op=part&upload_id&part_number&size[&offset]`` one part of a multipart upload,
+  answered with its ``ETag`` header (with ``offset`` it is written straight into place);
 * ``GET``/``HEAD ?op=get[&name]`` the object (ranges supported), saved as ``name``.
 
 Bodies stream to disk in chunks as they arrive (``request.stream()``), never whole in
@@ -77,8 +77,9 @@ def objects_router(store: ObjectStore, signer: UrlSigner) -> Router:
                 fields = signer.verify("part", key, query)
                 size = _declared(request, fields)
                 upload_id = _upload_for(store, fields, key)
+                offset = _int(fields, "offset") if "offset" in fields else None
                 etag = await store.receive_part(
-                    upload_id, _int(fields, "part_number"), _body(request), size=size
+                    upload_id, _int(fields, "part_number"), _body(request), size=size, offset=offset
                 )
                 return Response(status_code=200, headers={"ETag": f'"{etag}"'})
             raise SignatureRejected(f"this URL is not signed for a PUT (op={op!r})")

@@ -237,7 +237,13 @@ def _plan(dataset: Dataset, upload: Upload, signer: UrlSigner, base_url: str) ->
     urls: list[dict[str, object]] = []
     for number in range(1, total + 1):
         size = min(part_size, dataset.file_size - (number - 1) * part_size)
-        params = {"upload_id": upload.id, "part_number": str(number), "size": str(size)}
+        offset = (number - 1) * part_size  # parts land in place: completing copies nothing
+        params = {
+            "upload_id": upload.id,
+            "part_number": str(number),
+            "size": str(size),
+            "offset": str(offset),
+        }
         url = signer.url(base_url, "part", key, params, expires_in=DEFAULT_EXPIRES_IN)
         urls.append({"part_number": number, "presigned_url": url, "size": size})
     return UploadPlan(
