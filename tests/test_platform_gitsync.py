@@ -310,3 +310,26 @@ def test_the_refresh_window_is_configurable_and_checked(tmp_path, monkeypatch):
         load_settings(data_dir=tmp_path)
     with pytest.raises(ConfigError, match="0 to 86400"):
         load_settings(data_dir=tmp_path, git_refresh_s=-1)
+
+
+async def test_a_bare_remote_whose_head_names_no_pushed_branch_lists_the_pushed_one(
+    harness, tmp_path
+):
+    """``git init --bare`` leaves HEAD on ``master``; the work was pushed to ``main``."""
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q", "-b", "main")
+    write(work, {"rollouts/alpha/main.py": "print('alpha')\n"})
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "first")
+    bare = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "master", str(bare))
+    git(work, "push", "-q", str(bare), "main")
+    harness.workspace("Bare", repo="acme/bare", clone_url=str(bare))
+    member = harness.account("bob@example.com", workspace="Bare")
+    async with harness.client() as client:
+        answer = await client.get("/api/cli/rollouts", headers=member.headers("acme/bare"))
+    assert answer.status_code == 200, answer.text
+    listing = answer.json()
+    assert (listing["branch"], listing["sync"]["default_branch"]) == ("main", "main")
+    assert [r["name"] for r in listing["rollouts"]] == ["alpha"]

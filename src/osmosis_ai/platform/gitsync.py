@@ -88,8 +88,17 @@ def fetch(clone_url: str, mirror: Path, *, timeout: float = GIT_TIMEOUT_S) -> No
 
 
 def default_branch(mirror: Path) -> str | None:
+    """The remote's default branch. A bare repository made with ``git init --bare`` keeps
+    ``HEAD`` on a branch nobody pushed (``master`` while work went to ``main``): then the
+    only branch, or ``main``, or ``master``, whichever exists."""
     ref = _git(mirror, "symbolic-ref", "--quiet", "HEAD", check=False).strip()
-    return ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
+    named = ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
+    existing = [head.name for head in branches(mirror)]
+    if named in existing or not existing:
+        return named
+    if len(existing) == 1:
+        return existing[0]
+    return next((name for name in ("main", "master") if name in existing), None)
 
 
 def branches(mirror: Path) -> list[BranchHead]:
