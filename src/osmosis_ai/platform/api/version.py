@@ -52,7 +52,9 @@ def classify(client_version: str, *, server_version: str = PACKAGE_VERSION) -> V
             f"osmosis-ai {client} is deprecated and will stop working with this platform; "
             f"upgrade to {server_version} or newer. {UPGRADE_HINT}",
         )
-    if client < Version(server_version):
+    server = Version(server_version)
+    # A development or pre-release server is nothing a CLI could upgrade to from an index.
+    if client < server and not server.is_prerelease:
         return VersionSignal(
             "upgrade_available",
             f"osmosis-ai {server_version} is available (you have {client}). {UPGRADE_HINT}",
