@@ -360,3 +360,29 @@ def test_a_restarted_server_finishes_datasets_left_processing(world, alice):
         pass  # start-up and shut-down: shut-down waits for the resumed processing
     found = alice.get(f"/api/cli/datasets/{dataset['id']}").json()
     assert found["status"] == "uploaded" and found["row_count"] == 6
+
+
+def test_an_upload_abandoned_long_ago_is_cancelled_and_its_data_dropped(world, alice):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from osmosis_ai.platform.store.orm import Upload, utcnow
+
+    body = jsonl(ROWS)
+    old = create(alice, "abandoned", body).json()
+    assert put_simple(old["upload"], body).status_code == 200
+    uploads = world.settings.objects_dir / "staging" / "uploads"
+    [old_folder] = list(uploads.iterdir())
+    with world.database.transaction() as session:
+        long_ago = utcnow() - service.STALE_UPLOAD_GRACE - timedelta(hours=2)
+        session.execute(
+            update(Upload).where(Upload.dataset_id == old["id"]).values(expires_at=long_ago)
+        )
+    fresh = create(alice, "fresh", body).json()  # any create in the workspace sweeps
+    assert alice.get(f"/api/cli/datasets/{old['id']}").json()["status"] == "cancelled"
+    remaining = list(uploads.iterdir())  # the fresh upload's folder only
+    assert len(remaining) == 1 and remaining[0] != old_folder
+    assert alice.get(f"/api/cli/datasets/{fresh['id']}").json()["status"] == "uploading"
+    logs = alice.get("/api/cli/datasets/abandoned/logs").json()["logs"]
+    assert "expired" in logs[-1]["message"]

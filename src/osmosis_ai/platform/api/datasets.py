@@ -181,8 +181,10 @@ def _process(platform: Platform, dataset_id: str) -> None:
 
 
 def resume_processing(platform: Platform) -> int:
-    """Process the datasets a previous run of the server left ``processing``; how many."""
+    """Process the datasets a previous run of the server left ``processing`` (how many), and
+    cancel uploads abandoned long ago."""
     with platform.transaction() as session:
+        service.expire_stale_uploads(session, object_store(platform), platform.now())
         pending = service.datasets_in_processing(session)
     for dataset_id in pending:
         _process(platform, dataset_id)

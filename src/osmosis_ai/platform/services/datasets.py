@@ -49,6 +49,8 @@ MULTIPART_THRESHOLD = 100 * 1024 * 1024  # larger files are sent in parts
 PART_SIZE = 64 * 1024 * 1024
 PREVIEW_ROWS = 20
 PREVIEW_VALUE_CHARS = 2000
+# An upload not completed this long after its URLs expired is cancelled and its data dropped.
+STALE_UPLOAD_GRACE = dt.timedelta(days=1)
 # Files up to this size are processed before ``complete`` answers; larger ones after it.
 INLINE_PROCESSING_BYTES = 16 * 1024 * 1024
 MAX_NAME_LENGTH = 200
@@ -162,6 +164,7 @@ def create_dataset(
     """A new dataset in ``uploading`` and the signed URLs its file goes to."""
     name = check_name(file_name)
     ext = check_extension(extension)
+    expire_stale_uploads(session, store, now, workspace_id=workspace.id)
     if not 0 < file_size <= MAX_FILE_SIZE:
         raise InvalidRequest(
             f"file_size {file_size} is out of range: a dataset holds 1 byte to "
@@ -471,6 +474,35 @@ def _replace_older(session: Session, dataset: Dataset, store: ObjectStore) -> li
         session.execute(delete(Upload).where(Upload.dataset_id == old.id))
         session.delete(old)
     return [old.id for old in older]
+
+
+def expire_stale_uploads(
+    session: Session,
+    store: ObjectStore,
+    now: dt.datetime,
+    *,
+    workspace_id: str | None = None,
+) -> int:
+    """Cancel uploads whose URLs expired :data:`STALE_UPLOAD_GRACE` ago (in one workspace, or
+    all), dropping what they received; how many. An abandoned upload holds no disk forever."""
+    query = (
+        select(Upload, Dataset)
+        .join(Dataset, Dataset.id == Upload.dataset_id)
+        .where(Upload.state == "pending", Upload.expires_at < now - STALE_UPLOAD_GRACE)
+    )
+    if workspace_id is not None:
+        query = query.where(Dataset.workspace_id == workspace_id)
+    expired = session.execute(query).all()
+    for upload, dataset in expired:
+        store.abort_upload(upload.id)
+        upload.state = "aborted"
+        upload.updated_at = now
+        if dataset.status == "uploading":
+            dataset.status = "cancelled"
+            dataset.updated_at = now
+            _log(session, dataset, now, "upload", "Upload expired unfinished; its data was dropped")
+    session.flush()
+    return len(expired)
 
 
 def datasets_in_processing(session: Session) -> list[str]:
