@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("sqlalchemy")
 
+from osmosis_ai.platform.services import datasets as datasets_service
 from osmosis_ai.platform.services.models import register_base_model
 from platform_world import TEAM, running_world
 
@@ -52,7 +53,7 @@ def workspace_dir(root: Path) -> Path:
 
 
 @pytest.mark.timeout(300)
-def test_original_cli_dataset_secret_and_model_commands(tmp_path):
+def test_original_cli_dataset_secret_and_model_commands(tmp_path, monkeypatch):
     original = Path(COMPAT_PYTHON).parent / "osmosis"
     assert original.exists(), f"no osmosis script next to {COMPAT_PYTHON}"
     workspace = workspace_dir(tmp_path / "ws")
@@ -95,8 +96,21 @@ def test_original_cli_dataset_secret_and_model_commands(tmp_path):
         replaced = run("dataset", "upload", "data/math.jsonl", "-y", "--overwrite")
         assert replaced["rc"] == 0 and replaced["resource"]["id"] != first["resource"]["id"]
 
+        # the original's multipart path: parts PUT on their URLs, ETags sent back on complete
+        monkeypatch.setattr(datasets_service, "MULTIPART_THRESHOLD", 100)
+        monkeypatch.setattr(datasets_service, "PART_SIZE", 128)
+        (workspace / "data" / "parts.jsonl").write_bytes(
+            (workspace / "data" / "math.jsonl").read_bytes()
+        )
+        multipart = run("dataset", "upload", "data/parts.jsonl", "-y")
+        assert multipart["rc"] == 0 and multipart["resource"]["status"] == "uploaded", multipart
+        monkeypatch.undo()
+        started = run("dataset", "logs", "parts")["items"][0]["message"]
+        assert "multipart" in started, started
+
         listed = run("dataset", "list")
-        assert [d["id"] for d in listed["items"]] == [replaced["resource"]["id"]]
+        assert {d["file_name"] for d in listed["items"]} == {"math", "parts"}
+        assert replaced["resource"]["id"] in {d["id"] for d in listed["items"]}
         preview = run("dataset", "preview", "math", "--rows", "2")
         assert preview["data"]["rows"] == ROWS[:2]
         logs = run("dataset", "logs", "math")
