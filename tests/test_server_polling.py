@@ -249,7 +249,8 @@ async def test_timeouts_become_failures(artifact_root):
         )
         result = await poll_until_done(client, "t", lease)
         assert result["err_category"] == "timeout"
-        assert result["err_message"] == "workflow exceeded its 0.2s deadline"
+        # the queue wait is named too when there was one (a loaded machine)
+        assert result["err_message"].startswith("workflow exceeded its 0.2s deadline")
         lease = await submit(
             client,
             init_body(
