@@ -13,9 +13,9 @@ Figures, in one run against the same server:
 Targets (printed beside the figures, never asserted): list >= 500 req/s at p99 <= 250 ms,
 upload >= 200 MB/s with RSS growth <= 50 MB, start-up <= 1.5 s.
 
-    .venv/bin/python bench/platform.py
-    .venv/bin/python bench/platform.py --quick --upload-mb 256
-    .venv/bin/python bench/platform.py --postgres     # also PostgreSQL (started for the run)
+    .venv/bin/python bench/platform_service.py
+    .venv/bin/python bench/platform_service.py --quick --upload-mb 256
+    .venv/bin/python bench/platform_service.py --postgres     # also PostgreSQL (started for the run)
 """
 
 # ruff: noqa: E402  (this file shares its name with the standard library's platform module)
