@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import gitsync
-from osmosis_ai.platform.errors import InvalidRequest, NotFound
+from osmosis_ai.platform.errors import NotFound
+from osmosis_ai.platform.services.paging import MAX_PAGE, Page, check_page, offset_page
 from osmosis_ai.platform.settings import PlatformSettings
 from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import GitBranch, GitSyncEvent, Rollout, Workspace
-
-MAX_PAGE = 50
 
 
 @dataclass(frozen=True)
@@ -55,19 +54,8 @@ class SyncOutcome:
 
 
 @dataclass(frozen=True)
-class RolloutPage:
-    branch: str | None
-    items: list[Rollout]
-    total_count: int
-    offset: int
-
-    @property
-    def has_more(self) -> bool:
-        return self.offset + len(self.items) < self.total_count
-
-    @property
-    def next_offset(self) -> int | None:
-        return self.offset + len(self.items) if self.has_more else None
+class RolloutPage(Page[Rollout]):
+    branch: str | None  # the branch listed: the one asked for, else the default branch
 
 
 def sync_workspace(
@@ -282,21 +270,19 @@ def list_rollouts(
     offset: int = 0,
 ) -> RolloutPage:
     """The rollouts of ``branch`` (default: the repository's default branch), active first."""
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidRequest(f"limit must be from 1 to {MAX_PAGE}, got {limit}", field="limit")
-    if offset < 0:
-        raise InvalidRequest(f"offset must be 0 or more, got {offset}", field="offset")
+    check_page(limit, offset)
     workspace = session.get(Workspace, workspace_id)
     if workspace is None:
         raise NotFound(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
     chosen = branch or workspace.default_branch
     if chosen is None:
-        return RolloutPage(branch=None, items=[], total_count=0, offset=offset)
-    query = select(Rollout).where(Rollout.workspace_id == workspace_id, Rollout.branch == chosen)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    items = list(
-        session.scalars(
-            query.order_by(Rollout.is_active.desc(), Rollout.name).limit(limit).offset(offset)
-        )
+        return RolloutPage(items=[], total_count=0, offset=offset, branch=None)
+    query = (
+        select(Rollout)
+        .where(Rollout.workspace_id == workspace_id, Rollout.branch == chosen)
+        .order_by(Rollout.is_active.desc(), Rollout.name)
     )
-    return RolloutPage(branch=chosen, items=items, total_count=int(total), offset=offset)
+    page = offset_page(session, query, limit, offset)
+    return RolloutPage(
+        items=page.items, total_count=page.total_count, offset=page.offset, branch=chosen
+    )
