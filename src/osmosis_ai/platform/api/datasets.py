@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep, PrincipalDep, WorkspaceDep
 from osmosis_ai.platform.api.objects import object_store, url_signer
-from osmosis_ai.platform.api.wire import WireModel, json_bytes
+from osmosis_ai.platform.api.wire import LogsOut, WireModel, json_bytes, logs_out
 from osmosis_ai.platform.services import datasets as service
 from osmosis_ai.platform.services.paging import MAX_PAGE
-from osmosis_ai.platform.store.orm import Dataset, DatasetLog
+from osmosis_ai.platform.store.orm import Dataset
 
 router = APIRouter(prefix="/api/cli/datasets", tags=["datasets"])
 
@@ -82,19 +82,6 @@ class DownloadOut(WireModel):
     presigned_url: str
     expires_in: int
     file_name: str
-
-
-class LogOut(WireModel):
-    timestamp: datetime
-    level: str
-    step: str
-    message: str
-    details: dict[str, Any] | None = None
-
-
-class LogsOut(WireModel):
-    logs: list[LogOut]
-    next_cursor: str | None = None
 
 
 def dataset_out(dataset: Dataset, creators: dict[str, str]) -> DatasetOut:
@@ -261,14 +248,4 @@ def dataset_logs(
         page = service.dataset_logs(
             session, workspace, name_or_id, limit=limit, direction=direction, cursor=cursor
         )
-        return LogsOut(logs=[_log_out(entry) for entry in page.items], next_cursor=page.next_cursor)
-
-
-def _log_out(entry: DatasetLog) -> LogOut:
-    return LogOut(
-        timestamp=entry.timestamp,
-        level=entry.level,
-        step=entry.step,
-        message=entry.message,
-        details=entry.details,
-    )
+        return logs_out(page)

@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep, PrincipalDep, WorkspaceDep
 from osmosis_ai.platform.api.secrets import secret_box
-from osmosis_ai.platform.api.wire import WireModel
+from osmosis_ai.platform.api.wire import LogsOut, WireModel, logs_out
 from osmosis_ai.platform.services import runs as service
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.paging import MAX_PAGE
 from osmosis_ai.platform.services.run_config import check_submission
-from osmosis_ai.platform.store.orm import Run, RunLog
+from osmosis_ai.platform.store.orm import Run
 
 router = APIRouter(tags=["runs"])
 eval_router = APIRouter(prefix="/api/cli/eval-runs")
@@ -180,19 +180,6 @@ class TrainingRunDetailOut(DetailOut):
     training_run: TrainingRunBlockOut
 
 
-class LogOut(WireModel):
-    timestamp: datetime
-    level: str
-    step: str
-    message: str
-    details: Table | None = None
-
-
-class LogsOut(WireModel):
-    logs: list[LogOut]
-    next_cursor: str | None = None
-
-
 # --- shaping answers -----------------------------------------------------------------------
 
 
@@ -339,17 +326,7 @@ def _logs(
         page = service.run_logs(
             session, workspace, kind, name_or_id, limit=limit, direction=direction, cursor=cursor
         )
-        return LogsOut(logs=[_log_out(entry) for entry in page.items], next_cursor=page.next_cursor)
-
-
-def _log_out(entry: RunLog) -> LogOut:
-    return LogOut(
-        timestamp=entry.timestamp,
-        level=entry.level,
-        step=entry.step,
-        message=entry.message,
-        details=entry.details,
-    )
+        return logs_out(page)
 
 
 # --- eval runs -----------------------------------------------------------------------------

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from osmosis_ai.platform.services.paging import CursorPage
+from osmosis_ai.platform.store.orm import DatasetLog, RunLog
 
 
 class WireModel(BaseModel):
@@ -25,6 +29,36 @@ class WorkspaceRoleOut(WireModel):
     id: str
     name: str
     role: str
+
+
+class LogOut(WireModel):
+    timestamp: datetime
+    level: str
+    step: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class LogsOut(WireModel):
+    logs: list[LogOut]
+    next_cursor: str | None = None
+
+
+def logs_out(page: CursorPage[DatasetLog] | CursorPage[RunLog]) -> LogsOut:
+    """A page of a dataset's or a run's log as the ``.../logs`` routes answer it."""
+    return LogsOut(
+        logs=[
+            LogOut(
+                timestamp=entry.timestamp,
+                level=entry.level,
+                step=entry.step,
+                message=entry.message,
+                details=entry.details,
+            )
+            for entry in page.items
+        ],
+        next_cursor=page.next_cursor,
+    )
 
 
 def json_bytes(payload: object) -> bytes:
