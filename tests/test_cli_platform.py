@@ -386,6 +386,11 @@ def test_model_info_lora_then_base_then_missing(capsys, platform_env):
     assert missing["code"] == "NOT_FOUND" and "nothing" in missing["message"]
     deployed = invoke(capsys, "model", "deploy", "multiply-step-20", "--json").json()
     assert deployed["resource"]["status"] == "active"
+    assert deployed["operation"] == "model.deploy"
+    undeployed = invoke(capsys, "model", "undeploy", "multiply-step-20", "--json").json()
+    assert undeployed["operation"] == "model.undeploy"
+    assert undeployed["resource"]["status"] == "inactive"
+    assert undeployed["message"] == "LoRA model undeployed: multiply-step-20"
 
 
 def test_rollout_list_by_branch(capsys, platform_env):

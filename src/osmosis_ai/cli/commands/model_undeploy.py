@@ -4,31 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from osmosis_ai.cli.output import Context, OperationResult, Result
-from osmosis_ai.cli.platform_session import open_session
-from osmosis_ai.platform.client import segment
+from osmosis_ai.cli.commands.model_deploy import add_arguments, change_deployment
+from osmosis_ai.cli.output import Context, Result
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", metavar="LORA_MODEL", help="the LoRA model's name")
+__all__ = ["add_arguments", "run"]
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
-    with open_session(ctx) as session:
-        answer = session.client.call(
-            "POST", f"/api/cli/models/{segment(args.name)}/undeploy", json={}
-        )
-    name = answer.get("model_name") or args.name
-    return OperationResult(
-        operation="model.undeploy",
-        status="success",
-        resource={
-            "id": answer.get("id"),
-            "model_name": name,
-            "status": answer.get("status"),
-            **session.result_context(),
-        },
-        message=f"LoRA model undeployed: {name}",
-        next_steps=[f"Check it with: osmosis model info {name}"],
-        next_steps_structured=[{"action": "model_info", "name": name}],
-    )
+    return change_deployment(args, ctx, "undeploy")
