@@ -26,6 +26,7 @@ from osmosis_ai.controller.errors import (
 from osmosis_ai.controller.transport import open_transport
 from osmosis_ai.controller.upstream import DEFAULT_TIMEOUT_SEC, Preflight, Upstream, run_preflight
 from osmosis_ai.errors import ConfigError, MissingExtraError
+from osmosis_ai.rollout.asgi import JSON_ENCODER
 from osmosis_ai.rollout.sse import SSEDecoder
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
 
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _DRAIN_TIMEOUT_SEC = 0.25
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _LITELLM_CONNECTION_ERRORS = ("APIConnectionError", "Timeout", "ServiceUnavailableError")
 # Names, anywhere in an exception's causes, of a call that got no HTTP answer: LiteLLM reports
 # a refused connection to some providers as InternalServerError (500) caused by one of these.
@@ -93,7 +93,7 @@ class OpenAICompatibleUpstream:
         if self._extra:
             body.update(self._extra)
         body["model"] = self._model
-        return _ENCODER.encode(body).encode()
+        return JSON_ENCODER.encode(body).encode()
 
     async def complete(self, body: dict[str, Any]) -> bytes:
         answer = await self._transport.post(self._encode(body))

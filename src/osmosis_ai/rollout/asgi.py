@@ -1,5 +1,5 @@
 """Raw ASGI plumbing shared by our servers: the callable types, body reading, whole answers,
-server-sent-event headers and the lifespan handshake.
+their compact JSON, server-sent-event headers and the lifespan handshake.
 
 Plain functions on ``receive`` and ``send``, importing no framework: the rollout server's
 guard and routes, the controller's proxy and listener, the local policy server and the
@@ -9,10 +9,12 @@ than it gives, and some processes that use them never load FastAPI.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 __all__ = [
+    "JSON_ENCODER",
     "SSE_HEADERS",
     "ASGIApp",
     "Message",
@@ -36,6 +38,11 @@ SSE_HEADERS: list[tuple[bytes, bytes]] = [
     (b"x-accel-buffering", b"no"),  # proxies in front must pass each event on as it comes
 ]
 """The response headers of a server-sent-event stream."""
+
+JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""Compact JSON, non-ASCII text as UTF-8: ``JSON_ENCODER.encode(value).encode()`` is a body
+our servers answer with, and the requests our clients send to them. One encoder made once,
+as ``json.dumps`` with options builds a new one on every call."""
 
 
 async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:

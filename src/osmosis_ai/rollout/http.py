@@ -26,6 +26,7 @@ from typing import Any, cast
 import httpx
 
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.asgi import JSON_ENCODER
 
 DEFAULT_MAX_CONNECTIONS = 512
 # httpx.AsyncClient options that configure its own transport, which these clients replace.
@@ -94,7 +95,7 @@ async def post_json(
     number = cast(object, timeout)
     if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
         raise UsageError(f"post_json timeout must be a number of seconds > 0, got {timeout!r}")
-    content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    content = JSON_ENCODER.encode(body).encode()
     sent = {"content-type": "application/json", "accept": "application/json", **(headers or {})}
     timeouts = httpx.Timeout(timeout).as_dict()
     transport = shared_transport()

@@ -15,6 +15,7 @@ from urllib.parse import parse_qs
 from osmosis_ai.controller.asgi import dumps, error_body
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.asgi import (
+    JSON_ENCODER,
     SSE_HEADERS,
     Receive,
     Scope,
@@ -110,9 +111,9 @@ class PolicyApp:
         else:
             answer, chunks = await _run(self.policy.chat, request), None
         if chunks is None:
-            await send_body(send, 200, _encode(answer))
+            await send_body(send, 200, JSON_ENCODER.encode(answer).encode())
             return
-        payload = b"".join(b"data: " + _encode(c) + b"\n\n" for c in chunks)
+        payload = b"".join(b"data: " + JSON_ENCODER.encode(c).encode() + b"\n\n" for c in chunks)
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         await send({"type": "http.response.body", "body": payload + b"data: [DONE]\n\n"})
 
@@ -154,7 +155,3 @@ def _requested_version(scope: Scope) -> int | None:
         return int(value)
     except ValueError as exc:
         raise _HTTPError(400, f"policy version {value!r} is not an integer") from exc
-
-
-def _encode(payload: object) -> bytes:
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()

@@ -6,7 +6,6 @@ server would send.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 from osmosis_ai.controller.asgi import refused
 from osmosis_ai.controller.upstream import Preflight, run_preflight
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.asgi import JSON_ENCODER
 
 if TYPE_CHECKING:
     from osmosis_ai.controller.policy.engine import LocalPolicy
-
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 class AnsweringUpstream:
@@ -44,12 +42,12 @@ class AnsweringUpstream:
 
     async def complete(self, body: dict[str, Any]) -> bytes:
         body["model"] = self._model
-        return _ENCODER.encode(await self.answer(body, chunks=False)).encode()
+        return JSON_ENCODER.encode(await self.answer(body, chunks=False)).encode()
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         body["model"] = self._model
         for chunk in await self.answer(body, chunks=True):
-            yield _ENCODER.encode(chunk).encode()
+            yield JSON_ENCODER.encode(chunk).encode()
         yield b"[DONE]"
 
     async def preflight(self) -> Preflight:

@@ -14,7 +14,6 @@ replayed: having the whole body, that key included, proves the sender is the one
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -33,7 +32,15 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
 from pydantic import ValidationError
 
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.rollout.asgi import ASGIApp, Receive, Scope, Send, read_body, send_body
+from osmosis_ai.rollout.asgi import (
+    JSON_ENCODER,
+    ASGIApp,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_body,
+)
 from osmosis_ai.rollout.backend.base import ExecutionBackend
 from osmosis_ai.rollout.http import aclose_shared_transport
 from osmosis_ai.rollout.protocol import (
@@ -360,8 +367,7 @@ class _Answer:
 def _json_answer(
     status: int, value: object, headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> _Answer:
-    body = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-    return _Answer(status, body, headers)
+    return _Answer(status, JSON_ENCODER.encode(value).encode(), headers)
 
 
 # The fixed answers (their wording is the protocol's, reference §2.1 and protocol §1.4).
