@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, Literal
 
+from osmosis_ai.controller.asgi import dumps, error_body
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.asgi import (
     SSE_HEADERS,
@@ -30,7 +31,7 @@ from osmosis_ai.rollout.asgi import (
     read_body,
     send_body,
 )
-from osmosis_ai.testing.scripted_reply import ScriptedReply, content_text, dump_json
+from osmosis_ai.testing.scripted_reply import ScriptedReply, content_text
 from osmosis_ai.testing.serving import ServerThread, serve_in_task
 from osmosis_ai.testing.turns import ScriptedTurn, ToolCall
 
@@ -156,7 +157,7 @@ class ScriptedModelServer:
         self._latency_s = latency_ms / 1000.0
         self._auth = f"Bearer {api_key}".encode("latin-1") if api_key is not None else None
         self._record = record_requests
-        self._models = dump_json(
+        self._models = dumps(
             {
                 "object": "list",
                 "data": [
@@ -286,7 +287,7 @@ class ScriptedModelServer:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             await send({"type": "http.response.body", "body": completion.sse()})
         else:
-            await send_body(send, reply.status_code, dump_json(completion.full()))
+            await send_body(send, reply.status_code, dumps(completion.full()))
 
     async def _reply(self, request: ChatRequest) -> ScriptedTurn:
         if self._responder is not None:
@@ -384,7 +385,7 @@ def _allow(method: str, allowed: str) -> None:
 
 def _error_body(status: int, message: str, code: str | None = None) -> bytes:
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return dump_json({"error": {"message": message, "type": kind, "code": code}})
+    return error_body(message, kind, code)
 
 
 # -- CLI ---------------------------------------------------------------------------------------

@@ -12,10 +12,12 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
+from osmosis_ai.controller.asgi import dumps
+
 if TYPE_CHECKING:
     from osmosis_ai.testing.turns import ScriptedTurn
 
-__all__ = ["ScriptedReply", "content_text", "dump_json"]
+__all__ = ["ScriptedReply", "content_text"]
 
 _WORD = re.compile(r"\s*\S+|\s+")
 _MAX_CONTENT_PIECES = 32
@@ -109,7 +111,7 @@ class ScriptedReply:
             chunks[0]["prompt_token_ids"] = list(self.prompt)
         if self.include_usage:
             chunks.append({**head, "choices": [], "usage": self.usage})
-        return b"".join(b"data: " + dump_json(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        return b"".join(b"data: " + dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
     def _choice_chunks(self, index: int) -> list[dict[str, Any]]:
         def chunk(delta: dict[str, Any], data: bytes = b"") -> dict[str, Any]:
@@ -154,11 +156,6 @@ def content_text(content: object) -> str:
     if isinstance(content, list):  # OpenAI content parts
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return ""
-
-
-def dump_json(payload: object) -> bytes:
-    """Compact JSON bytes, as the server sends them."""
-    return json.dumps(payload, separators=(",", ":")).encode()
 
 
 def _render_prompt(messages: list[dict[str, Any]]) -> str:
