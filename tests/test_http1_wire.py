@@ -20,6 +20,7 @@ from osmosis_ai.rollout.http1 import LeanTransport, RemoteProtocolError
 from rawhttp import (
     Handler,
     RawServer,
+    answers_then_closes,
     chunked,
     ok,
     raw_server,
@@ -236,15 +237,7 @@ BAD_CODING = [
 async def test_malformed_answers_are_remote_protocol_errors_naming_the_bytes(
     reply: bytes, message: str, decoded_only: bool
 ):
-
-    async def once_then_close(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: RawServer
-    ) -> None:
-        await server.read_request(reader)
-        writer.write(reply)
-        await writer.drain()
-
-    async with raw_server(once_then_close) as server:
+    async with raw_server(answers_then_closes(reply)) as server:
         async with async_client() as client:
             if not decoded_only:
                 with pytest.raises(httpx.RemoteProtocolError, match=message) as caught:
