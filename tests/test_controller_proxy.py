@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from osmosis_ai.controller import (
 )
 from osmosis_ai.controller.calls import CallRecorder
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rollout.asgi import Receive, Scope, Send, read_body
 from osmosis_ai.rollout.trajectory.report import TrajectoryReport, report_from_response
 from osmosis_ai.testing.model_server import ScriptedModelServer, ScriptedTurn, ToolCall
 from osmosis_ai.testing.serving import free_port, serve_in_task
@@ -29,10 +30,6 @@ from osmosis_ai.testing.serving import free_port, serve_in_task
 HAS_OPENAI = importlib.util.find_spec("openai") is not None
 POLICY = "policy-model"
 ROLLOUT = "r1"
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 @dataclass
@@ -133,13 +130,7 @@ class DripUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.bodies.append(json.loads(raw))
+        self.bodies.append(json.loads(await read_body(receive) or b""))
 
         async def watch() -> None:
             while (await receive())["type"] != "http.disconnect":

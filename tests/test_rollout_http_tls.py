@@ -19,6 +19,7 @@ import pytest
 
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout import LocalBackend
+from osmosis_ai.rollout.asgi import Receive, Scope, Send, lifespan, read_body, send_body
 from osmosis_ai.rollout.client import RolloutClient
 from osmosis_ai.rollout.http import aclose_shared_transport, async_client, post_json
 from osmosis_ai.rollout.server import create_rollout_server
@@ -82,19 +83,11 @@ class Echo:
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await lifespan(receive, send)
+            return
+        body = await read_body(receive) or b""
         headers = dict(scope["headers"])
         self.seen.append(scope["path"])
         answer = json.dumps(
@@ -106,9 +99,7 @@ class Echo:
                 "body": body.decode(),
             }
         ).encode()
-        head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
-        await send({"type": "http.response.start", "status": 201, "headers": head})
-        await send({"type": "http.response.body", "body": answer})
+        await send_body(send, 201, answer)
 
 
 async def serve_tls(app: Any, certificate: Certificate) -> AsyncIterator[str]:
