@@ -31,7 +31,7 @@ from rawhttp import (
     submits_lost,
     submitted_ids,
 )
-from test_eval_run_cli import Model, lines, make_workspace
+from test_eval_run_cli import Model, enter_workspace, lines
 
 RERUN_WARNING = "submit answer lost; the item runs again under a fresh id"
 Pool = Callable[[GenerationChoice], Dispatcher]
@@ -39,13 +39,7 @@ Pool = Callable[[GenerationChoice], Dispatcher]
 
 @pytest.fixture
 def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = make_workspace(tmp_path / "ws", rows=4)
-    monkeypatch.chdir(root)
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OSMOSIS_ENV_FILE", str(tmp_path / "none.env"))
-    (tmp_path / "none.env").write_text("")
-    return root
+    return enter_workspace(tmp_path, monkeypatch, rows=4)
 
 
 def behind_front(

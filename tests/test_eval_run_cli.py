@@ -94,6 +94,18 @@ def make_workspace(root: Path, rows: int = 6, evaluation: str = "") -> Path:
     return root
 
 
+def enter_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int = 6) -> Path:
+    """:func:`make_workspace` at ``tmp_path/ws``, made the current directory for a run in this
+    process, with no OpenAI variables and an empty env file: only what a test sets reaches it."""
+    root = make_workspace(tmp_path / "ws", rows=rows)
+    monkeypatch.chdir(root)
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OSMOSIS_ENV_FILE", str(tmp_path / "none.env"))
+    (tmp_path / "none.env").write_text("")
+    return root
+
+
 def write_rows(path: Path, count: int) -> None:
     lines = [
         json.dumps(

@@ -15,18 +15,12 @@ import pytest
 
 from cli_support import check_golden, invoke, normalise
 from osmosis_ai.testing.model_server import ScriptedModelServer
-from test_eval_run_cli import CONFIG, make_workspace
+from test_eval_run_cli import CONFIG, enter_workspace
 
 
 @pytest.fixture
 def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = make_workspace(tmp_path / "ws")
-    monkeypatch.chdir(root)
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OSMOSIS_ENV_FILE", str(tmp_path / "none.env"))
-    (tmp_path / "none.env").write_text("")
-    return root
+    return enter_workspace(tmp_path, monkeypatch)
 
 
 def run(capsys: Any, *args: str) -> Any:
