@@ -9,13 +9,17 @@ root it runs as the ``postgres`` user). Where none can start, tests on it skip w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,6 +168,73 @@ def database_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'db' / 'platform.db'}"
     return request.getfixturevalue("postgres_server").create_database()
+
+
+# --- Git repositories the platform fetches ------------------------------------------------------
+
+GIT_AUTHOR = "Ada Author"
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git in ``cwd`` as :data:`GIT_AUTHOR`; its stdout, stripped."""
+    done = subprocess.run(
+        ["git", "-c", f"user.name={GIT_AUTHOR}", "-c", "user.email=ada@example.com", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def write_files(root: Path, files: dict[str, str]) -> None:
+    """Write each ``{relative path: text}`` under ``root``, making folders as needed."""
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+
+# --- a served platform and the original CLI --------------------------------------------------------
+
+
+def wait_until_healthy(
+    process: subprocess.Popen[str], url: str, output: Callable[[], object]
+) -> None:
+    """Wait up to 60 s for ``process`` to answer ``GET <url>/api/health`` with 200; should it
+    exit first, fail with ``output()`` (what it printed)."""
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while True:
+        assert process.poll() is None, output()
+        try:
+            if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the platform did not come up in 60 s"
+        time.sleep(0.05)
+
+
+def run_original(
+    original: Path, cwd: Path, env: dict[str, str], secret: str, *args: str
+) -> dict[str, Any]:
+    """The original CLI's ``--json`` answer to ``args`` with its exit code as ``rc``; it must
+    not print ``secret``. Warning lines are skipped; the answer is the last line left."""
+    done = subprocess.run(
+        [str(original), "--json", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert secret not in done.stdout + done.stderr
+    stream = done.stdout if done.returncode == 0 else done.stderr
+    lines = [line for line in stream.splitlines() if line.strip() and '"warning"' not in line]
+    return {"rc": done.returncode, **json.loads(lines[-1])}
 
 
 # --- a platform to call --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import platform_cli_support as support
 from cli_support import invoke
 from osmosis_ai.testing.serving import free_port
 from platform_cli_support import git
+from platform_support import wait_until_healthy
 
 home = support.home
 ROWS = [{"user_prompt": f"{i} + {i} = ?", "ground_truth": str(2 * i)} for i in range(5)]
@@ -51,16 +52,7 @@ class Platform:
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.process.poll() is None, self.process.communicate()
-            try:
-                if httpx.get(f"{self.url}/api/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the platform did not come up in 60 s"
-            time.sleep(0.05)
+        wait_until_healthy(self.process, self.url, self.process.communicate)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

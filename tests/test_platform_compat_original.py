@@ -19,6 +19,7 @@ pytest.importorskip("sqlalchemy")
 
 from osmosis_ai.platform.services import datasets as datasets_service
 from osmosis_ai.platform.services.models import register_base_model
+from platform_support import run_original
 from platform_world import TEAM, running_world
 
 COMPAT_PYTHON = os.environ.get("OSMOSIS_COMPAT_PYTHON", "")
@@ -74,19 +75,7 @@ def test_original_cli_dataset_secret_and_model_commands(tmp_path, monkeypatch):
         }
 
         def run(*args: str) -> dict:
-            done = subprocess.run(
-                [str(original), "--json", *args],
-                cwd=workspace,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            assert SECRET_VALUE not in done.stdout + done.stderr
-            stream = done.stdout if done.returncode == 0 else done.stderr
-            envelope = [line for line in stream.splitlines() if '"warning"' not in line]
-            return {"rc": done.returncode, **json.loads("\n".join(envelope))}
+            return run_original(original, workspace, env, SECRET_VALUE, *args)
 
         first = run("dataset", "upload", "data/math.jsonl", "-y")
         assert first["rc"] == 0 and first["resource"]["status"] == "uploaded", first

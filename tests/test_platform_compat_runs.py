@@ -19,13 +19,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from osmosis_ai.testing.serving import free_port
+from platform_support import git, run_original, wait_until_healthy, write_files
 
 COMPAT_PYTHON = os.environ.get("OSMOSIS_COMPAT_PYTHON", "")
 OURS = Path(sys.executable).with_name("osmosis")
@@ -40,17 +39,6 @@ pytestmark = [
         "osmosis-ai 0.3.8 installed",
     ),
 ]
-
-
-def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=Ada", "-c", "user.email=ada@example.com", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
 
 
 def workspace_clone(root: Path, bare: Path) -> Path:
@@ -71,10 +59,7 @@ def workspace_clone(root: Path, bare: Path) -> Path:
         "total_epochs = 1\n\n[sampling]\nrollout_temperature = 1.0\n\n[checkpoints]\n"
         'checkpoint_save_freq = 20\n\n[advanced]\nkl_coef = 0.1\n\n[secrets]\nrequired = ["RUN_KEY"]\n',
     }
-    for name, content in files.items():
-        path = clone / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
+    write_files(clone, files)
     git(clone, "add", "-A")
     git(clone, "commit", "-q", "-m", "calc rollout")
     git(clone, "push", "-q", str(bare), "main")
@@ -108,16 +93,7 @@ class Served:
         ]  # fmt: skip
         with log.open("w") as sink:
             self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{self.url}/api/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the platform did not come up in 60 s"
-            time.sleep(0.05)
+        wait_until_healthy(self.process, self.url, log.read_text)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -161,19 +137,7 @@ def test_the_original_cli_submits_lists_shows_and_stops_runs(tmp_path):
     }
 
     def run(*args: str) -> dict:
-        done = subprocess.run(
-            [str(original), "--json", *args],
-            cwd=clone,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert SECRET_VALUE not in done.stdout + done.stderr
-        stream = done.stdout if done.returncode == 0 else done.stderr
-        lines = [line for line in stream.splitlines() if line.strip() and '"warning"' not in line]
-        return {"rc": done.returncode, **json.loads(lines[-1])}
+        return run_original(original, clone, env, SECRET_VALUE, *args)
 
     try:
         assert run("dataset", "upload", "data/math.jsonl", "-y")["rc"] == 0

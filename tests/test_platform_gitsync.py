@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,26 +10,9 @@ from sqlalchemy import select
 
 from osmosis_ai.platform.gitsync import redact
 from osmosis_ai.platform.store.orm import GitSyncEvent
+from platform_support import git, write_files
 
 REPO = "acme/agents"
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=Ada Author", "-c", "user.email=ada@example.com", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
-def write(repo: Path, files: dict[str, str]) -> None:
-    for name, content in files.items():
-        path = repo / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
 
 
 @pytest.fixture
@@ -39,7 +21,7 @@ def origin(tmp_path) -> Path:
     repo = tmp_path / "origin"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
-    write(
+    write_files(
         repo,
         {
             "rollouts/alpha/main.py": "print('alpha')\n",
@@ -56,7 +38,7 @@ def origin(tmp_path) -> Path:
     git(repo, "commit", "-q", "-m", "first")
     git(repo, "checkout", "-q", "-b", "feature")
     git(repo, "rm", "-q", "-r", "rollouts/beta")
-    write(repo, {"rollouts/gamma/main.py": "print('gamma')\n"})
+    write_files(repo, {"rollouts/gamma/main.py": "print('gamma')\n"})
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "gamma instead of beta")
     git(repo, "checkout", "-q", "main")
@@ -114,7 +96,7 @@ async def test_each_branch_lists_its_own_rollouts(harness, member, origin):
 async def test_a_push_is_picked_up_once_the_last_fetch_is_stale(harness, member, origin):
     await list_rollouts(harness, member)
     git(origin, "rm", "-q", "-r", "rollouts/beta")
-    write(origin, {"rollouts/delta/main.py": "print('delta')\n"})
+    write_files(origin, {"rollouts/delta/main.py": "print('delta')\n"})
     git(origin, "add", "-A")
     git(origin, "commit", "-q", "-m", "delta instead of beta")
     harness.clock.advance(seconds=harness.settings.git_refresh_s)
@@ -319,7 +301,7 @@ async def test_a_bare_remote_whose_head_names_no_pushed_branch_lists_the_pushed_
     work = tmp_path / "work"
     work.mkdir()
     git(work, "init", "-q", "-b", "main")
-    write(work, {"rollouts/alpha/main.py": "print('alpha')\n"})
+    write_files(work, {"rollouts/alpha/main.py": "print('alpha')\n"})
     git(work, "add", "-A")
     git(work, "commit", "-q", "-m", "first")
     bare = tmp_path / "remote.git"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,30 +17,13 @@ from osmosis_ai.platform.api.secrets import secret_box
 from osmosis_ai.platform.services import runs as run_service
 from osmosis_ai.platform.services.models import register_base_model
 from osmosis_ai.platform.store.orm import Dataset, Run, RunLog, Workspace
+from platform_support import git, write_files
 
 REPO = "acme/agents"
 OTHER_REPO = "acme/other"
 NAME = re.compile(r"^[a-z]+-[a-z]+-\d{1,2}$")
 SECRET_VALUE = "sk-run-only-7d1e4c9b"
 SUBMIT_KEYS = {"id", "name", "status", "created_at", "platform_url"}
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=Ada", "-c", "user.email=ada@example.com", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
-def write(repo: Path, files: dict[str, str]) -> None:
-    for name, content in files.items():
-        path = repo / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
 
 
 def commit(repo: Path, message: str) -> str:
@@ -56,13 +38,13 @@ def origin(tmp_path) -> Path:
     repo = tmp_path / "origin"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
-    write(repo, {"rollouts/alpha/main.py": "print('alpha v1')\n", "README.md": "ws\n"})
+    write_files(repo, {"rollouts/alpha/main.py": "print('alpha v1')\n", "README.md": "ws\n"})
     commit(repo, "alpha v1")
-    write(repo, {"rollouts/alpha/main.py": "print('alpha v2')\n"})
-    write(repo, {"rollouts/alpha/agent/run.py": "print('run')\n"})
+    write_files(repo, {"rollouts/alpha/main.py": "print('alpha v2')\n"})
+    write_files(repo, {"rollouts/alpha/agent/run.py": "print('run')\n"})
     commit(repo, "alpha v2")
     git(repo, "checkout", "-q", "-b", "feature")
-    write(repo, {"rollouts/beta/main.py": "print('beta')\n"})
+    write_files(repo, {"rollouts/beta/main.py": "print('beta')\n"})
     commit(repo, "beta")
     git(repo, "checkout", "-q", "main")
     return repo
@@ -274,7 +256,7 @@ async def test_beta_on_a_pinned_feature_commit_is_found(team, origin):
 async def test_a_submit_fetches_even_when_a_listing_just_did(team, origin):
     listed = await team.call("GET", "/api/cli/rollouts")
     assert [r["name"] for r in listed.json()["rollouts"]] == ["alpha"]
-    write(origin, {"rollouts/gamma/main.py": "print('gamma')\n"})
+    write_files(origin, {"rollouts/gamma/main.py": "print('gamma')\n"})
     head = commit(origin, "gamma")
     again = await team.call("GET", "/api/cli/rollouts")
     assert again.json()["sync"]["fetched"] is False  # within the refresh window
