@@ -269,6 +269,14 @@ class StandIn:
             return found
         return next((d for d in self.datasets.values() if d["file_name"] == ref), None)
 
+    async def _scoped_dataset(self, request: Request) -> tuple[Any, dict[str, Any] | Response]:
+        """The request's body and the dataset its ``ref`` names, or the answer refusing it."""
+        body, refused = await self._scoped(request)
+        if refused is not None:
+            return body, refused
+        record = self._find(request.path_params["ref"])
+        return body, self._error(404, "Dataset not found") if record is None else record
+
     async def datasets_route(self, request: Request) -> Response:
         body, refused = await self._scoped(request)
         if refused is not None:
@@ -356,12 +364,9 @@ class StandIn:
         return Response(status_code=200, headers={"ETag": f'"{etag}"'})
 
     async def dataset_complete(self, request: Request) -> Response:
-        body, refused = await self._scoped(request)
-        if refused is not None:
-            return refused
-        record = self._find(request.path_params["ref"])
-        if record is None:
-            return self._error(404, "No such dataset")
+        body, record = await self._scoped_dataset(request)
+        if isinstance(record, Response):
+            return record
         key = record["id"]
         if body.get("parts"):
             stored = self.parts[key]
@@ -383,30 +388,21 @@ class StandIn:
         return self._answer(record)
 
     async def dataset_abort(self, request: Request) -> Response:
-        _, refused = await self._scoped(request)
-        if refused is not None:
-            return refused
-        record = self._find(request.path_params["ref"])
-        if record is None:
-            return self._error(404, "No such dataset")
+        _, record = await self._scoped_dataset(request)
+        if isinstance(record, Response):
+            return record
         record["status"] = "cancelled"
         self.aborted.append(record["id"])
         return self._answer({})
 
     async def dataset_get(self, request: Request) -> Response:
-        _, refused = await self._scoped(request)
-        if refused is not None:
-            return refused
-        record = self._find(request.path_params["ref"])
-        return self._error(404, "Dataset not found") if record is None else self._answer(record)
+        _, record = await self._scoped_dataset(request)
+        return record if isinstance(record, Response) else self._answer(record)
 
     async def dataset_download(self, request: Request) -> Response:
-        _, refused = await self._scoped(request)
-        if refused is not None:
-            return refused
-        record = self._find(request.path_params["ref"])
-        if record is None:
-            return self._error(404, "Dataset not found")
+        _, record = await self._scoped_dataset(request)
+        if isinstance(record, Response):
+            return record
         return self._answer(
             {
                 "presigned_url": f"{self.url}/objects/{record['id']}?sig=y",
