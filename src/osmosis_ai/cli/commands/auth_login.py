@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 
+from osmosis_ai.cli.commands.auth_logout import revoke_token
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.cli.output import Context, OperationResult, Result
 from osmosis_ai.cli.platform_session import credential_store, platform_target
@@ -162,16 +163,7 @@ def _revoke_previous(
         previous.token_id is not None and previous.token_id == current.token_id
     ):
         return
-    with PlatformClient(platform_url, previous.access_token, warn=ctx.warn) as old:
-        token_id = previous.token_id
-        if token_id is None:
-            try:
-                token_id = old.verify().token_id
-            except PlatformClientError as exc:
-                if exc.code == "AUTH_REQUIRED":
-                    return  # already gone
-                token_id = None
-        failure = old.revoke(token_id) if token_id else "its token id is unknown"
+    failure = revoke_token(ctx, platform_url, previous)
     if failure is not None:
         ctx.warn(
             "TOKEN_REVOKE_FAILED",

@@ -107,8 +107,11 @@ def _saved_login(ctx: Context, store: CredentialStore) -> Credentials | None:
         raise
 
 
-def _revoke(ctx: Context, platform_url: str, credentials: Credentials) -> bool:
-    failure: str | None = None
+def revoke_token(ctx: Context, platform_url: str, credentials: Credentials) -> str | None:
+    """Revoke the token of ``credentials`` on the platform, asking the platform for its id
+    when the login did not save one. None once it is revoked or already unknown there;
+    otherwise why it could not be revoked (``auth login`` revokes a replaced login here too).
+    """
     with PlatformClient(platform_url, credentials.access_token, warn=ctx.warn) as client:
         token_id = credentials.token_id
         if token_id is None:
@@ -116,12 +119,15 @@ def _revoke(ctx: Context, platform_url: str, credentials: Credentials) -> bool:
                 token_id = client.verify().token_id
             except PlatformClientError as exc:
                 if exc.code == "AUTH_REQUIRED":
-                    return True  # the platform no longer knows the token: nothing to revoke
-                failure = exc.message
-            else:
-                failure = None if token_id else "the platform did not say which token it is"
-        if token_id is not None:
-            failure = client.revoke(token_id)
+                    return None  # the platform no longer knows the token: nothing to revoke
+                return exc.message
+            if not token_id:
+                return "the platform did not say which token it is"
+        return client.revoke(token_id)
+
+
+def _revoke(ctx: Context, platform_url: str, credentials: Credentials) -> bool:
+    failure = revoke_token(ctx, platform_url, credentials)
     if failure is not None:
         ctx.warn(
             "TOKEN_REVOKE_FAILED", f"The token could not be revoked on the platform: {failure}"
