@@ -54,6 +54,16 @@ class DeviceRequest:
     created_at: datetime
     expires_at: datetime
 
+    @classmethod
+    def of(cls, found: DeviceAuthorization) -> DeviceRequest:
+        return cls(
+            id=found.id,
+            user_code=format_user_code(found.user_code),
+            device_name=found.device_name,
+            created_at=found.created_at,
+            expires_at=found.expires_at,
+        )
+
 
 def format_user_code(code: str) -> str:
     half = len(code) // 2
@@ -96,13 +106,7 @@ def start(session: Session, *, device_name: str, now: datetime) -> DeviceStart:
 def pending_request(session: Session, user_code: str, *, now: datetime) -> DeviceRequest:
     """The login waiting for approval under ``user_code``; 404 if none (or it expired)."""
     found = _pending(session, normalize_user_code(user_code), now=now)
-    return DeviceRequest(
-        id=found.id,
-        user_code=format_user_code(found.user_code),
-        device_name=found.device_name,
-        created_at=found.created_at,
-        expires_at=found.expires_at,
-    )
+    return DeviceRequest.of(found)
 
 
 def decide(
@@ -112,13 +116,7 @@ def decide(
     found = _pending(session, normalize_user_code(user_code), now=now)
     found.status = "approved" if approve else "denied"
     found.user_id = user_id
-    return DeviceRequest(
-        id=found.id,
-        user_code=format_user_code(found.user_code),
-        device_name=found.device_name,
-        created_at=found.created_at,
-        expires_at=found.expires_at,
-    )
+    return DeviceRequest.of(found)
 
 
 def poll(
