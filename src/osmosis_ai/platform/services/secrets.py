@@ -197,10 +197,7 @@ def resolve_secrets(
     """
     wanted = list(dict.fromkeys(names))
     given = provided or {}
-    rows = _rows_for(session, workspace_id, user_id, [n for n in wanted if n not in given])
-    missing = [name for name in wanted if name not in given and name not in rows]
-    if missing:
-        raise MissingSecrets(missing)
+    rows = _rows_for(session, workspace_id, user_id, wanted, given)
     return {
         name: given[name]
         if name in given
@@ -220,24 +217,30 @@ def resolve_secret_scopes(
     """Where each of ``names`` comes from: ``provided``, ``user`` or ``workspace`` (no values)."""
     wanted = list(dict.fromkeys(names))
     given = provided or {}
-    rows = _rows_for(session, workspace_id, user_id, [n for n in wanted if n not in given])
-    missing = [name for name in wanted if name not in given and name not in rows]
-    if missing:
-        raise MissingSecrets(missing)
+    rows = _rows_for(session, workspace_id, user_id, wanted, given)
     return {name: "provided" if name in given else rows[name].scope for name in wanted}
 
 
 def _rows_for(
-    session: Session, workspace_id: str, user_id: str, names: Sequence[str]
+    session: Session,
+    workspace_id: str,
+    user_id: str,
+    wanted: Sequence[str],
+    given: Mapping[str, str],
 ) -> dict[str, Secret]:
-    """For each name, the row a run uses: the personal one if any, else the workspace one."""
-    if not names:
-        return {}
+    """For each wanted name not ``given``, the row a run uses: the personal one if any, else
+    the workspace one. Raises :class:`MissingSecrets` (names only) when some are found nowhere.
+    """
+    names = [name for name in wanted if name not in given]
     found: dict[str, Secret] = {}
-    query = _visible(workspace_id, user_id).where(Secret.name.in_(names))
-    for row in session.scalars(query):
-        if row.name not in found or row.scope == "user":
-            found[row.name] = row
+    if names:
+        query = _visible(workspace_id, user_id).where(Secret.name.in_(names))
+        for row in session.scalars(query):
+            if row.name not in found or row.scope == "user":
+                found[row.name] = row
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise MissingSecrets(missing)
     return found
 
 
