@@ -73,6 +73,25 @@ class UploadSizeMismatch(InvalidRequest):
 
     default_code = "UPLOAD_SIZE_MISMATCH"
 
+    @classmethod
+    def too_long(cls, size: int) -> UploadSizeMismatch:
+        return cls(
+            f"the upload is larger than the {size} bytes it was signed for; "
+            "request a new upload URL with the file's real size"
+        )
+
+    @classmethod
+    def cut_short(cls, received: int, size: int) -> UploadSizeMismatch:
+        return cls(f"the upload ended after {received} of {size} bytes; send the whole file")
+
+    @classmethod
+    def incomplete(cls, total: int, size: int, *, field: str | None) -> UploadSizeMismatch:
+        return cls(
+            f"the upload holds {total} bytes but declared {size}; "
+            "upload the whole file before completing",
+            field=field,
+        )
+
 
 class InvalidUploadPart(InvalidRequest):
     """A multipart completion that names a missing part or a wrong ETag."""
@@ -326,10 +345,8 @@ class ObjectStore:
         files = [self._whole(folder)] if parts is None else self._parts(folder, parts)
         total = sum(path.stat().st_size for path in files)
         if size is not None and total != size:
-            raise UploadSizeMismatch(
-                f"the upload holds {total} bytes but declared {size}; "
-                "upload the whole file before completing",
-                field="parts" if parts is not None else None,
+            raise UploadSizeMismatch.incomplete(
+                total, size, field="parts" if parts is not None else None
             )
         target = self.path(key)
         if parts is None:
@@ -395,11 +412,7 @@ class ObjectStore:
                 )
             end += length
         if size is not None and end != size:
-            raise UploadSizeMismatch(
-                f"the upload holds {end} bytes but declared {size}; "
-                "upload the whole file before completing",
-                field="parts",
-            )
+            raise UploadSizeMismatch.incomplete(end, size, field="parts")
         assembly = folder / _ASSEMBLY
         with assembly.open("r+b") as handle:
             handle.truncate(end)
@@ -461,17 +474,12 @@ class ObjectStore:
                 async for chunk in chunks:
                     received += len(chunk)
                     if received > size:
-                        raise UploadSizeMismatch(
-                            f"the upload is larger than the {size} bytes it was signed for; "
-                            "request a new upload URL with the file's real size"
-                        )
+                        raise UploadSizeMismatch.too_long(size)
                     if hasher is not None:
                         hasher.update(chunk)
                     out.write(chunk)
                 if received < size:
-                    raise UploadSizeMismatch(
-                        f"the upload ended after {received} of {size} bytes; send the whole file"
-                    )
+                    raise UploadSizeMismatch.cut_short(received, size)
                 out.flush()
                 await _in_thread(os.fsync, out.fileno())
         except BaseException:
@@ -495,19 +503,14 @@ class ObjectStore:
             async for chunk in chunks:
                 received += len(chunk)
                 if received > size:
-                    raise UploadSizeMismatch(
-                        f"the upload is larger than the {size} bytes it was signed for; "
-                        "request a new upload URL with the file's real size"
-                    )
+                    raise UploadSizeMismatch.too_long(size)
                 hasher.update(chunk)
                 pending += chunk
                 if len(pending) >= _WRITE_BUFFER:
                     position += _pwrite_all(fd, pending, position)
                     pending.clear()
             if received < size:
-                raise UploadSizeMismatch(
-                    f"the upload ended after {received} of {size} bytes; send the whole file"
-                )
+                raise UploadSizeMismatch.cut_short(received, size)
             _pwrite_all(fd, pending, position)
             await _in_thread(os.fsync, fd)
         finally:
