@@ -28,6 +28,8 @@ Layout (server parts need the ``platform`` extra and are imported only when used
     api/deps.py      Platform (settings, database, clock), PrincipalDep, WorkspaceDep
                      (from X-Osmosis-Git, or X-Osmosis-Workspace: NAME; a workspace the
                      caller is not in answers 404)
+    api/access.py    AccessCache: token and workspace lookups kept for at most a second,
+                     dropped at once by a commit in this process that changes access
     api/errors.py    every error as the envelope; 422 becomes 400 VALIDATION with issues
     api/version.py   X-Osmosis-Version-* headers, 426 below MIN_SUPPORTED_CLI_VERSION
     api/wire.py      shared pydantic wire models; a resource's own live in its router

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -36,6 +36,7 @@ class Principal:
     token_id: str
     expires_at: datetime
     touch_due: bool = False  # last_used_at is older than LAST_USED_RESOLUTION (not updated)
+    last_used_at: datetime | None = None  # as read when authenticated
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,7 @@ def authenticate(
             code="TOKEN_REVOKED",
         )
     if token.expires_at <= now:
-        raise AuthenticationFailed(
-            "The token expired. Log in again with 'osmosis auth login'.", code="TOKEN_EXPIRED"
-        )
+        raise _expired()
     if token.platform_url != platform_url:
         raise AuthenticationFailed(
             f"The token was issued for the platform at {token.platform_url}, not this one "
@@ -144,11 +143,35 @@ def authenticate(
         token_id=token.id,
         expires_at=token.expires_at,
         touch_due=due and not touch,
+        last_used_at=token.last_used_at,
     )
 
 
+def recheck(principal: Principal, *, now: datetime) -> Principal:
+    """A principal authenticated a moment ago, checked again at ``now`` (for a cached one).
+
+    Its expiry is checked again, and ``touch_due`` says whether its last use should be
+    written; revocation is not (the caller drops cached principals when tokens change).
+    """
+    if principal.expires_at <= now:
+        raise _expired()
+    due = last_use_due(principal.last_used_at, now)
+    return principal if due == principal.touch_due else replace(principal, touch_due=due)
+
+
+def _expired() -> AuthenticationFailed:
+    return AuthenticationFailed(
+        "The token expired. Log in again with 'osmosis auth login'.", code="TOKEN_EXPIRED"
+    )
+
+
+def last_use_due(last_used_at: datetime | None, now: datetime) -> bool:
+    """Whether a token last used at ``last_used_at`` should have ``now`` written as its use."""
+    return last_used_at is None or now - last_used_at >= LAST_USED_RESOLUTION
+
+
 def _touch_due(token: Token, now: datetime) -> bool:
-    return token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION
+    return last_use_due(token.last_used_at, now)
 
 
 def touch_token(session: Session, token_id: str, *, now: datetime) -> None:

@@ -1,4 +1,9 @@
-"""``osmosis platform token revoke ID``: a revoked token stops working at once."""
+"""``osmosis platform token revoke ID``: a revoked token stops working.
+
+A running server refuses it within a second (it keeps a token it authenticated for at most
+``ACCESS_CACHE_TTL_S``, :mod:`osmosis_ai.platform.api.access`); a token revoked through the
+API (``osmosis auth logout``) is refused by the next request.
+"""
 
 from __future__ import annotations
 
