@@ -305,6 +305,14 @@ def test_list_pages_by_offset(alice):
         assert answer.status_code == 400 and answer.json()["field"] in params
 
 
+def test_a_page_past_the_end_is_empty_and_still_counts(alice):
+    for i in range(3):
+        create(alice, f"d{i}", b"x" * 10)
+    past = alice.get("/api/cli/datasets", params={"limit": 2, "offset": 5}).json()
+    assert (past["datasets"], past["total_count"], past["has_more"]) == ([], 3, False)
+    assert past["next_offset"] is None
+
+
 def test_logs_page_by_cursor_in_both_directions(alice):
     upload(alice, "math")
     everything = alice.get("/api/cli/datasets/math/logs", params={"limit": 200}).json()["logs"]
