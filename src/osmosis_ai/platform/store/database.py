@@ -6,17 +6,21 @@ foreign keys on. A write transaction (``transaction()``) takes the write lock up
 mid-transaction; a read (``read()``) begins deferred, so in WAL mode it reads a snapshot
 beside a writer instead of queueing for the lock, and is read-only (``PRAGMA query_only``)
 so a stray write fails at once. PostgreSQL is used when the database URL says so
-(``postgresql+psycopg://``); its reads run as ``READ ONLY`` transactions.
+(``postgresql+psycopg://``); its reads run as ``READ ONLY`` transactions (begun so by the
+driver, without a statement of their own), and a pooled connection is pinged before use only
+after sitting idle (:func:`_ping_when_idle`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import InvalidatePoolError
 from sqlalchemy.orm import Session, sessionmaker
 
 from osmosis_ai.platform.errors import DatabaseError
@@ -27,6 +31,10 @@ if TYPE_CHECKING:
     from sqlalchemy.pool import ConnectionPoolEntry
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# A PostgreSQL connection idle in the pool this long is pinged before it is used again.
+PING_AFTER_IDLE_S = 1.0
+_IDLE_SINCE = "osmosis_idle_since"
+SQLITE_POOL_OVERFLOW = 64  # beyond the 5 kept open; anyio's thread pool has 40 workers
 # The execution option that marks an engine's transactions read-only (see ``read()``).
 READ_ONLY_OPTION = "osmosis_read_only"
 
@@ -46,9 +54,15 @@ class Database:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # A read of SQLite waits on no network and on no lock (WAL): a short one may run on
+        # the event loop instead of paying a thread-pool hop (see api/datasets.py's list).
+        self.local = engine.dialect.name == "sqlite"
         self.sessions = sessionmaker(engine, expire_on_commit=False)
+        read_options: dict[str, object] = {READ_ONLY_OPTION: True}
+        if engine.dialect.name == "postgresql":
+            read_options["postgresql_readonly"] = True  # the driver sends BEGIN READ ONLY
         self.read_sessions = sessionmaker(
-            engine.execution_options(**{READ_ONLY_OPTION: True}),
+            engine.execution_options(**read_options),
             expire_on_commit=False,
             autoflush=False,
         )
@@ -83,16 +97,49 @@ def make_engine(database_url: str) -> Engine:
         path = sqlite_path(database_url)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+        # Connections to a file are cheap: enough for every thread-pool worker and the event
+        # loop at once, so a read on the loop never queues behind the pool.
+        pooling = {"max_overflow": SQLITE_POOL_OVERFLOW} if path is not None else {}
         engine = create_engine(
             database_url,
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            **pooling,
         )
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    engine = create_engine(database_url, pool_pre_ping=True)
-    event.listen(engine, "begin", _postgresql_begin)
+    engine = create_engine(database_url)
+    _ping_when_idle(engine)
     return engine
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection before use only when it sat idle past ``PING_AFTER_IDLE_S``.
+
+    A server restarted while the platform was idle left dead connections in the pool: the
+    ping finds them and the pool replaces them all. A connection handed back and reused at
+    once, as under load, is not pinged: a ping on every checkout cost an eighth of a list
+    call. A restart under load fails the requests in flight; the first failure then drops
+    every older pooled connection.
+    """
+    dialect = engine.dialect
+
+    def checkin(dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    def checkout(
+        dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry, proxy: object
+    ) -> None:
+        idle_since = record.info.pop(_IDLE_SINCE, None)
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_S:
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as error:
+            raise InvalidatePoolError(f"an idle pooled connection is gone: {error}") from error
+
+    event.listen(engine, "checkin", checkin)
+    event.listen(engine, "checkout", checkout)
 
 
 def open_database(settings: PlatformSettings, *, migrate: bool = True) -> Database:
@@ -154,9 +201,3 @@ def _sqlite_begin(connection: Connection) -> None:
     else:
         connection.exec_driver_sql("PRAGMA query_only=OFF")
         connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _postgresql_begin(connection: Connection) -> None:
-    # The driver begins the transaction with the first statement, so this one sets it.
-    if _read_only(connection):
-        connection.exec_driver_sql("SET TRANSACTION READ ONLY")
