@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import Integer, String, bindparam, delete, func, select
+from sqlalchemy import Connection, Integer, String, bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
@@ -557,19 +557,20 @@ _LIST_KEYS = tuple(column.key for column in LIST_COLUMNS)
 
 
 def list_datasets(
-    session: Session, workspace: WorkspaceAccess, *, limit: int, offset: int
+    connection: Connection, workspace: WorkspaceAccess, *, limit: int, offset: int
 ) -> Page[dict[str, object]]:
     """The workspace's datasets, newest first, without previews, with ``creator_name``.
 
-    Plain rows (no ORM objects) from one statement that also counts: this is the CLI's most
-    frequent read. Only a page past the end needs a second statement for the total.
+    Plain rows (no ORM objects) from one statement that also counts, so it needs no
+    transaction (:meth:`Database.read_statement`): this is the CLI's most frequent read.
+    Only a page past the end needs a second statement for the total.
     """
     check_page(limit, offset)
     params = {"workspace_id": workspace.id, "limit": limit, "offset": offset}
     width = len(_LIST_KEYS)
     items: list[dict[str, object]] = []
     total: int | None = None
-    for row in session.connection().execute(_LIST_PAGE, params).all():
+    for row in connection.execute(_LIST_PAGE, params).all():
         data: tuple[object, ...] = tuple(row)
         item = dict(zip(_LIST_KEYS, data[:width], strict=True))
         item["data_preview"] = None
@@ -579,7 +580,9 @@ def list_datasets(
         total = row[-1]
     if total is None:  # no rows: none at all, or a page past the end
         count = select(func.count()).select_from(Dataset)
-        total = session.scalar(count.where(Dataset.workspace_id == workspace.id)) if offset else 0
+        total = (
+            connection.scalar(count.where(Dataset.workspace_id == workspace.id)) if offset else 0
+        )
     return Page(items, int(total or 0), offset)
 
 
