@@ -5,7 +5,9 @@ Figures, in one run against the same server:
 * start-up: `osmosis platform serve` from spawn to the first 200 of ``/api/health``, on a
   fresh data dir (migrations included) and restarted on the migrated one;
 * ``dataset list``: a page of 50 out of 1,000 datasets, ``--clients`` concurrent clients
-  (closed loop, keep-alive) for ``--duration`` seconds: requests/s, p50/p99, errors;
+  (closed loop, keep-alive) for ``--duration`` seconds: requests/s, p50/p99, errors, and
+  the CPU the server and this process (the load generator, sharing the machine's cores)
+  used meanwhile, in cores, so a generator that starves the server shows;
 * a ``--upload-mb`` upload over loopback the way the CLI sends it (create, multipart PUTs
   streamed from the file, complete): MB/s, and the server's RSS growth during it;
 * with ``--postgres`` (or ``--database-url``) the list figures again on PostgreSQL.
@@ -15,7 +17,7 @@ upload >= 200 MB/s with RSS growth <= 50 MB, start-up <= 1.5 s.
 
     .venv/bin/python bench/platform_service.py
     .venv/bin/python bench/platform_service.py --quick --upload-mb 256
-    .venv/bin/python bench/platform_service.py --postgres     # also PostgreSQL (started for the run)
+    .venv/bin/python bench/platform_service.py --postgres   # also on a PostgreSQL it starts
 """
 
 # ruff: noqa: E402  (this file shares its name with the standard library's platform module)
@@ -146,18 +148,39 @@ LIST_PATH = "/api/cli/datasets?limit=50&offset=0"
 HEALTH_PATH = "/api/health"
 
 
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 async def list_load(
-    url: str, token: str, clients: int, duration: float, warmup: float, path: str = LIST_PATH
+    url: str,
+    token: str,
+    clients: int,
+    duration: float,
+    warmup: float,
+    server_pid: int,
+    path: str = LIST_PATH,
 ) -> dict:
+    """Closed-loop load from this process; also the CPU this process (the load generator)
+    and the server used while it was measured, in cores (1.0 = one core busy)."""
     transport = LeanTransport(max_connections=clients)
     latencies: list[float] = []
     errors = 0
     target = f"{url}{path}"
     expect_page = path == LIST_PATH
+    server, generator = psutil.Process(server_pid), psutil.Process()
+    marks: list[tuple[float, float, float]] = []
+
+    def mark() -> None:
+        marks.append((time.perf_counter(), cpu_seconds(server), cpu_seconds(generator)))
+
     async with httpx.AsyncClient(transport=transport, headers=headers(token), timeout=30) as client:
         loop = asyncio.get_running_loop()
         opens = loop.time() + warmup
         closes = opens + duration
+        loop.call_at(opens, mark)
+        loop.call_at(closes, mark)
 
         async def worker() -> None:
             nonlocal errors
@@ -178,6 +201,7 @@ async def list_load(
                         errors += 1
 
         await asyncio.gather(*(worker() for _ in range(clients)))
+    (began, server_began, generator_began), (ended, server_ended, generator_ended) = marks
     latencies.sort()
     count = len(latencies)
 
@@ -190,6 +214,8 @@ async def list_load(
         "p99_ms": pct(0.99),
         "errors": errors,
         "requests": count,
+        "server_cpu": (server_ended - server_began) / (ended - began),
+        "generator_cpu": (generator_ended - generator_began) / (ended - began),
     }
 
 
@@ -335,12 +361,9 @@ def run_database(label: str, database_url: str | None, args: argparse.Namespace)
         results["start_fresh_s"] = fresh.started_s
         results["start_migrated_s"] = server.started_s
         try:
-            results["list"] = asyncio.run(
-                list_load(server.url, token, args.clients, args.duration, args.warmup)
-            )
-            results["health"] = asyncio.run(
-                list_load(server.url, token, args.clients, args.duration, args.warmup, HEALTH_PATH)
-            )
+            load = (server.url, token, args.clients, args.duration, args.warmup, server.process.pid)
+            results["list"] = asyncio.run(list_load(*load))
+            results["health"] = asyncio.run(list_load(*load, path=HEALTH_PATH))
             if args.upload_mb and not args.skip_upload:
                 source = Path(tmp) / "big.jsonl"
                 make_file(source, args.upload_mb)
@@ -349,6 +372,13 @@ def run_database(label: str, database_url: str | None, args: argparse.Namespace)
         finally:
             server.stop()
     return results
+
+
+def cpu_shares(figures: dict) -> str:
+    return (
+        f"server {figures['server_cpu']:.2f}, load generator {figures['generator_cpu']:.2f} "
+        f"(of {os.cpu_count()})"
+    )
 
 
 def report(results: dict) -> None:
@@ -364,11 +394,13 @@ def report(results: dict) -> None:
         f"p99 {figures['p99_ms']:.1f} ms  errors {figures['errors']}  "
         f"(target >= {TARGETS['list_rps']:.0f} req/s, p99 <= {TARGETS['list_p99_ms']:.0f} ms)"
     )
+    print(f"  CPU in cores: {cpu_shares(figures)}")
     health = results["health"]
     print(
         f"  baseline GET /api/health  {health['requests_per_s']:.0f} req/s  "
         f"p99 {health['p99_ms']:.1f} ms (the same server and clients, no auth, no database)"
     )
+    print(f"  CPU in cores: {cpu_shares(health)}")
     if "upload" in results:
         up = results["upload"]
         print(
