@@ -169,6 +169,8 @@ def test_signer_accepts_its_own_url_and_refuses_changes(signer, clock):
         signer.verify("get", "a/b.txt", {**query, "name": "evil.txt"})
     with pytest.raises(SignatureRejected, match="does not match"):
         signer.verify("get", "a/b.txt", {**query, "expires": str(int(query["expires"]) + 1)})
+    with pytest.raises(SignatureRejected, match="does not match"):
+        signer.verify("get", "a/b.txt", {**query, "signature": "é" + query["signature"][1:]})
     clock.now += 61
     with pytest.raises(SignatureRejected, match="expired") as caught:
         signer.verify("get", "a/b.txt", query)

@@ -641,7 +641,8 @@ class UrlSigner:
                 f"this URL is not signed for {op!r}; request a new one from the platform"
             )
         expected = self._signature(key, fields)
-        if not given or not hmac.compare_digest(given, expected):
+        # As bytes: compare_digest raises TypeError on a str with non-ASCII characters.
+        if not given or not hmac.compare_digest(given.encode(), expected.encode()):
             raise SignatureRejected(
                 "the URL's signature does not match: it was altered or not issued by this "
                 "platform; request a new one"
