@@ -128,7 +128,9 @@ async def test_a_denied_login_and_an_expired_code_end_the_wait(harness):
         assert unknown.json()["error"] == "invalid_grant"
 
 
-@pytest.mark.parametrize("attack", ["no_token", "token_of_another_cookie", "cross_origin"])
+@pytest.mark.parametrize(
+    "attack", ["no_token", "token_of_another_cookie", "non_ascii_token", "cross_origin"]
+)
 async def test_forms_refuse_requests_forged_from_elsewhere(harness, attack):
     alice = harness.account("alice@example.com")
     async with harness.client() as cli, harness.client() as browser, harness.client() as other:
@@ -145,6 +147,8 @@ async def test_forms_refuse_requests_forged_from_elsewhere(harness, attack):
             del form["csrf"]
         elif attack == "token_of_another_cookie":
             form["csrf"] = csrf_of((await other.get("/device")).text)
+        elif attack == "non_ascii_token":
+            form["csrf"] = "é" * len(form["csrf"])
         else:
             headers["Origin"] = "https://evil.example"
         answer = await browser.post("/device/decision", data=form, headers=headers)

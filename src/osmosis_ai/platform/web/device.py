@@ -178,7 +178,8 @@ def _sign_session(platform: Platform, principal: Principal) -> str:
 def _current_session(request: Request, platform: Platform) -> _Session | None:
     cookie = request.cookies.get(SESSION_COOKIE, "")
     body, _, mac = cookie.partition(".")
-    if not body or not hmac.compare_digest(mac, _mac(platform, "session", body)):
+    # Bytes, not str: compare_digest raises TypeError on non-ASCII text from the client.
+    if not body or not hmac.compare_digest(mac.encode(), _mac(platform, "session", body).encode()):
         return None
     try:
         payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
@@ -214,7 +215,8 @@ async def _form(request: Request, platform: Platform) -> dict[str, str]:
     fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items() if v}
     cookie = request.cookies.get(CSRF_COOKIE, "")
     sent = fields.get("csrf", "")
-    if not cookie or not sent or not hmac.compare_digest(sent, csrf_token(platform, cookie)):
+    expected = csrf_token(platform, cookie).encode()
+    if not cookie or not sent or not hmac.compare_digest(sent.encode(), expected):
         raise _Rejected(
             "The form's security token is missing or stale: reload the page and try again.",
             code="CSRF_INVALID",
