@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -40,6 +41,23 @@ def parse_dotenv(text: str) -> dict[str, str]:
             continue
         values[key] = _parse_value(value.strip())
     return values
+
+
+def read_secrets_file(path: str | None) -> dict[str, str]:
+    """The values of a ``--secrets-file`` (a dotenv file; ``-`` reads stdin); ``{}`` for none."""
+    if path is None:
+        return {}
+    from osmosis_ai.cli.errors import CLIError, CLIErrorCode
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError as exc:
+        message = f"Secrets file not found: {path}"
+        raise CLIError(CLIErrorCode.NOT_FOUND, message, {"path": path}) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        message = f"Cannot read the secrets file {path}: {exc}"
+        raise CLIError(CLIErrorCode.VALIDATION, message, {"path": path}) from exc
+    return parse_dotenv(text)
 
 
 def _parse_value(value: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,7 +150,9 @@ def _resolve_secrets(
     names = list(config.secrets)
     if not names:
         return {}, {}
-    from_file = _read_secrets_file(secrets_file)
+    from osmosis_ai.cli.env import read_secrets_file
+
+    from_file = read_secrets_file(secrets_file)
     stored = _stored_secret_scopes(ctx, session)
     provided: dict[str, str] = {}
     missing: list[str] = []
@@ -180,24 +181,6 @@ def _resolve_secrets(
         )
     scopes = {name: "Run" if name in provided else (stored or {}).get(name, "-") for name in names}
     return provided, scopes
-
-
-def _read_secrets_file(path: str | None) -> dict[str, str]:
-    if path is None:
-        return {}
-    from osmosis_ai.cli.env import parse_dotenv
-
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError as exc:
-        raise CLIError(
-            CLIErrorCode.NOT_FOUND, f"Secrets file not found: {path}", {"path": path}
-        ) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CLIError(
-            CLIErrorCode.VALIDATION, f"Cannot read the secrets file {path}: {exc}", {"path": path}
-        ) from exc
-    return parse_dotenv(text)
 
 
 def _stored_secret_scopes(ctx: Context, session: Session) -> dict[str, str] | None:

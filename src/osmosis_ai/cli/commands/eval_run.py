@@ -72,6 +72,7 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             f"Config file not found: {config} (eval configs live in configs/eval/<name>.toml)",
             {"config": str(config)},
         )
+    from osmosis_ai.cli.env import read_secrets_file
     from osmosis_ai.eval.plan import EvalRunOptions
     from osmosis_ai.eval.runner import run_eval
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         rollout_port=args.rollout_port,
         generation=args.generation,
         verbose=args.verbose,
-        secrets_file_values=_secrets_file(args.secrets_file),
+        secrets_file_values=read_secrets_file(args.secrets_file),
         prompt_secret=_prompt_secret if ctx.interactive else None,
         confirm=lambda c: _confirm(c, args.yes),
         handle_signals=True,
@@ -159,22 +160,6 @@ def _prompt_secret(name: str) -> str | None:
         return Prompt.ask(f"Value for secret {name} (hidden)", password=True) or None
     except EOFError:
         return None
-
-
-def _secrets_file(path: str | None) -> dict[str, str]:
-    if path is None:
-        return {}
-    from osmosis_ai.cli.env import parse_dotenv
-
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError as exc:
-        message = f"Secrets file not found: {path}"
-        raise CLIError(CLIErrorCode.NOT_FOUND, message, {"path": path}) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        message = f"Cannot read the secrets file {path}: {exc}"
-        raise CLIError(CLIErrorCode.VALIDATION, message, {"path": path}) from exc
-    return parse_dotenv(text)
 
 
 def _cli_error(exc: Exception) -> Exception:
