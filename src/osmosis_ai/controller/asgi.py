@@ -14,6 +14,7 @@ from osmosis_ai.controller.errors import (
     UpstreamError,
     UpstreamRequestError,
 )
+from osmosis_ai.rollout.asgi import JSON_ENCODER
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -26,7 +27,8 @@ _ERROR_TYPES = {
 
 
 def dumps(payload: object) -> bytes:
-    return json.dumps(payload, separators=(",", ":")).encode()
+    """``payload`` as the compact JSON body of :data:`~osmosis_ai.rollout.asgi.JSON_ENCODER`."""
+    return JSON_ENCODER.encode(payload).encode()
 
 
 def error_body(message: str, kind: str, code: str | None) -> bytes:

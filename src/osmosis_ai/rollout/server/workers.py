@@ -49,7 +49,16 @@ from urllib.parse import quote
 import httpx
 
 from osmosis_ai.errors import UsageError
-from osmosis_ai.rollout.asgi import ASGIApp, Message, Receive, Scope, Send, read_body, send_body
+from osmosis_ai.rollout.asgi import (
+    JSON_ENCODER,
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_body,
+)
 from osmosis_ai.rollout.http1 import LeanTransport, QuickAnswer
 
 __all__ = [
@@ -596,7 +605,7 @@ async def _send_answer(send: Send, answer: QuickAnswer) -> None:
 
 
 def _json(status: int, value: object, headers: Mapping[str, str]) -> QuickAnswer:
-    return QuickAnswer(status, headers, json.dumps(value, separators=(",", ":")).encode())
+    return QuickAnswer(status, headers, JSON_ENCODER.encode(value).encode())
 
 
 # How the workers' health bodies make the server's, by key path (see merge_health).
