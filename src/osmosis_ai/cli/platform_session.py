@@ -21,6 +21,7 @@ from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.cli.output import Context
 from osmosis_ai.platform.client import (
     PAGE_LIMIT,
+    SESSION_EXPIRED,
     PlatformClient,
     User,
     is_insecure_url,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from osmosis_ai.platform.transfer import Transfers
 
 NOT_LOGGED_IN = "Not logged in. Run 'osmosis auth login' first, or set OSMOSIS_TOKEN."
-SESSION_EXPIRED = "Your session has expired. Run 'osmosis auth login' to log in again."
 SCAFFOLD_DIRS = ("rollouts", "configs/training", "configs/eval", "data")
 
 

@@ -241,7 +241,7 @@ _ENV_TOKEN_INVALID = (
 _SESSION_MESSAGES = {
     "TOKEN_REVOKED": "Your session has been revoked. Run 'osmosis auth login' to log in again.",
 }
-_SESSION_EXPIRED = "Your session has expired. Run 'osmosis auth login' to log in again."
+SESSION_EXPIRED = "Your session has expired. Run 'osmosis auth login' to log in again."
 _SCOPE_MESSAGES = {
     "GIT_SCOPE_REQUIRED": "This command must run in a workspace directory (a Git clone of "
     "a repository connected to a platform workspace).",
@@ -346,7 +346,7 @@ def error_from_response(
         if using_env_token:
             message = _ENV_TOKEN_MESSAGES.get(platform_code or "", _ENV_TOKEN_INVALID)
         else:
-            message = _SESSION_MESSAGES.get(platform_code or "", _SESSION_EXPIRED)
+            message = _SESSION_MESSAGES.get(platform_code or "", SESSION_EXPIRED)
     elif status == 426:
         signal = body.get("message") if body.get("status") in _VERSION_WARNINGS else None
         message = message or (signal if isinstance(signal, str) else None) or UPGRADE_FALLBACK
