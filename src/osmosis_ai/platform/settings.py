@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -40,19 +40,12 @@ class PlatformSettings:
     git_refresh_s: float = DEFAULT_GIT_REFRESH_S  # 0: every listing fetches
 
     @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
-    @property
     def objects_dir(self) -> Path:
         return self.data_dir / "objects"
 
     @property
     def mirrors_dir(self) -> Path:
         return self.data_dir / "git"
-
-    def with_public_url(self, url: str) -> PlatformSettings:
-        return replace(self, public_url=normalize_url(url))
 
     def save(self) -> None:
         """Record the public URL for admin commands run later on the same data dir."""
