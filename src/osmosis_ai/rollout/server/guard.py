@@ -8,16 +8,15 @@ the cap are refused with 413 before they are read in full.
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Sequence
 
-from osmosis_ai.rollout.asgi import ASGIApp, Message, Receive, Scope, Send, send_body
+from osmosis_ai.rollout.asgi import JSON_ENCODER, ASGIApp, Message, Receive, Scope, Send, send_body
 
 
 async def _send_detail(
     send: Send, status: int, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
-    await send_body(send, status, json.dumps({"detail": detail}).encode(), headers)
+    await send_body(send, status, JSON_ENCODER.encode({"detail": detail}).encode(), headers)
 
 
 class _TooLarge(Exception):
