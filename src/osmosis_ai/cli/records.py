@@ -47,6 +47,8 @@ LOG_KEYS = ("timestamp", "level", "step", "message", "details")
 
 # The platform's wire scope of a personal secret is "user"; people say "personal".
 WIRE_PERSONAL = "user"
+# The scope a secret is set in or deleted from, as people say it -> as the platform takes it.
+SECRET_SCOPES = {"personal": WIRE_PERSONAL, "workspace": "workspace"}
 
 
 def pick(record: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, object]:

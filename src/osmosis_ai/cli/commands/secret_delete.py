@@ -12,7 +12,7 @@ from osmosis_ai.cli.platform_session import Session, open_session
 from osmosis_ai.cli.secret_values import check_secret_name
 from osmosis_ai.platform.client import PlatformClientError
 
-SCOPES = {"personal": records.WIRE_PERSONAL, "workspace": "workspace"}
+SCOPES = records.SECRET_SCOPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

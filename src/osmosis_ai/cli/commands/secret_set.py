@@ -16,7 +16,7 @@ from osmosis_ai.cli.platform_session import open_session
 from osmosis_ai.cli.secret_values import check_secret_name, prompt_hidden, redacted
 from osmosis_ai.platform.client import PlatformClientError
 
-SCOPES = {"personal": records.WIRE_PERSONAL, "workspace": "workspace"}
+SCOPES = records.SECRET_SCOPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
