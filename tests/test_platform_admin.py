@@ -178,6 +178,15 @@ def test_admin_errors_carry_the_cli_codes(capsys, tmp_path, database_url):
     assert unknown.error()["error"]["code"] == "NOT_FOUND"
 
 
+def test_workspace_create_never_prints_the_clone_urls_credentials(capsys, tmp_path, database_url):
+    clone_url = "https://x-access-token:ghp_SECRET123@github.com/acme/agents.git"
+    made = admin(capsys, "workspace", "create", "Team", "--repo", "acme/agents", "--clone-url",
+                 clone_url, data_dir=tmp_path / "data", database_url=database_url)  # fmt: skip
+    assert made.code == 0, made.err
+    assert "ghp_SECRET123" not in made.out + made.err
+    assert made.json()["resource"]["clone_url"] == "https://***@github.com/acme/agents.git"
+
+
 def test_model_add_registers_a_hugging_face_directory(capsys, tmp_path, database_url):
     data = tmp_path / "data"
     model_dir = tmp_path / "tiny"

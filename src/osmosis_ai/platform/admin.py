@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import auth
+from osmosis_ai.platform.gitsync import redact
 from osmosis_ai.platform.services import accounts, models
 from osmosis_ai.platform.settings import PlatformSettings, normalize_url
 from osmosis_ai.platform.store.database import open_database
@@ -50,7 +51,7 @@ def create_workspace(
             "id": workspace.id,
             "name": workspace.name,
             "repo_full_name": workspace.repo_full_name,
-            "clone_url": workspace.clone_url,
+            "clone_url": redact(workspace.clone_url),  # the answer is printed; a token is not
             "created_at": workspace.created_at,
         }
 
