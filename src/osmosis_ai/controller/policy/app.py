@@ -15,7 +15,6 @@ from urllib.parse import parse_qs
 from osmosis_ai.controller.asgi import dumps, error_body
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rollout.asgi import (
-    JSON_ENCODER,
     SSE_HEADERS,
     Receive,
     Scope,
@@ -111,9 +110,9 @@ class PolicyApp:
         else:
             answer, chunks = await _run(self.policy.chat, request), None
         if chunks is None:
-            await send_body(send, 200, JSON_ENCODER.encode(answer).encode())
+            await send_body(send, 200, dumps(answer))
             return
-        payload = b"".join(b"data: " + JSON_ENCODER.encode(c).encode() + b"\n\n" for c in chunks)
+        payload = b"".join(b"data: " + dumps(c) + b"\n\n" for c in chunks)
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         await send({"type": "http.response.body", "body": payload + b"data: [DONE]\n\n"})
 
