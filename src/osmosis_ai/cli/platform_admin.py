@@ -16,14 +16,6 @@ from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 if TYPE_CHECKING:
     from osmosis_ai.platform.settings import PlatformSettings
 
-_CODES = {
-    400: CLIErrorCode.VALIDATION,
-    401: CLIErrorCode.AUTH_REQUIRED,
-    404: CLIErrorCode.NOT_FOUND,
-    409: CLIErrorCode.CONFLICT,
-    426: CLIErrorCode.UPGRADE_REQUIRED,
-}
-
 
 def add_store_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -57,8 +49,10 @@ def platform_errors() -> Generator[None]:
     try:
         yield
     except PlatformError as exc:
+        from osmosis_ai.platform.client import error_code_for
+
         details: dict[str, object] = {"platform_code": exc.code, **exc.details}
         if exc.field is not None:
             details["field"] = exc.field
-        code = _CODES.get(exc.status_code, CLIErrorCode.PLATFORM_ERROR)
+        code = CLIErrorCode(error_code_for(exc.status_code, exc.code, exc.message))
         raise CLIError(code, exc.message, details) from exc
