@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -151,6 +152,14 @@ def workspace_for_name(session: Session, user_id: str, name: str) -> WorkspaceAc
         .where(Membership.user_id == user_id, Workspace.name == name)
     ).first()
     return None if row is None else _access(row[0], row[1])
+
+
+def display_names(session: Session, user_ids: Iterable[str | None]) -> dict[str, str]:
+    """Display names (name, else email) of the users ``user_ids``, by user id."""
+    ids = {user_id for user_id in user_ids if user_id}
+    if not ids:
+        return {}
+    return {u.id: u.name or u.email for u in session.scalars(select(User).where(User.id.in_(ids)))}
 
 
 def _access(workspace: Workspace, role: str) -> WorkspaceAccess:

@@ -32,7 +32,7 @@ from osmosis_ai.platform.objects import (
     ObjectStore,
     UrlSigner,
 )
-from osmosis_ai.platform.services.accounts import WorkspaceAccess
+from osmosis_ai.platform.services.accounts import WorkspaceAccess, display_names
 from osmosis_ai.platform.services.paging import CursorPage, Page, check_page, cursor_page
 from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import Dataset, DatasetLog, Upload, User
@@ -673,11 +673,7 @@ def dataset_logs(
 
 def creator_names(session: Session, datasets: Sequence[Dataset]) -> dict[str, str]:
     """Display names (name, else email) of the datasets' creators, by user id."""
-    ids = {d.creator_id for d in datasets if d.creator_id}
-    if not ids:
-        return {}
-    users = session.scalars(select(User).where(User.id.in_(ids)))
-    return {user.id: user.name or user.email for user in users}
+    return display_names(session, (d.creator_id for d in datasets))
 
 
 # --- internals ---------------------------------------------------------------------------

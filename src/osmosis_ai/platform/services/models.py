@@ -12,8 +12,9 @@ from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
+from osmosis_ai.platform.services.accounts import display_names
 from osmosis_ai.platform.services.paging import Page, offset_page
-from osmosis_ai.platform.store.orm import Model, User
+from osmosis_ai.platform.store.orm import Model
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
 
@@ -160,7 +161,4 @@ def hf_url(model: Model) -> str | None:
 
 
 def creator_names(session: Session, models: Sequence[Model]) -> dict[str, str]:
-    ids = {m.creator_id for m in models if m.creator_id}
-    if not ids:
-        return {}
-    return {u.id: u.name or u.email for u in session.scalars(select(User).where(User.id.in_(ids)))}
+    return display_names(session, (m.creator_id for m in models))

@@ -22,9 +22,10 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.crypto import SecretBox
 from osmosis_ai.platform.errors import InvalidRequest, NotFound, PermissionDenied
+from osmosis_ai.platform.services import accounts
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.paging import Page, offset_page
-from osmosis_ai.platform.store.orm import Secret, User
+from osmosis_ai.platform.store.orm import Secret
 
 SCOPES = ("workspace", "user")
 LIST_SCOPES = ("all", *SCOPES)
@@ -251,7 +252,6 @@ def _bound(secret: Secret, workspace_id: str) -> str:
 
 def display_names(session: Session, secrets: Sequence[Secret]) -> dict[str, str]:
     """Display names (name, else email) of the secrets' creators and updaters, by user id."""
-    ids = {i for s in secrets for i in (s.creator_id, s.updater_id) if i}
-    if not ids:
-        return {}
-    return {u.id: u.name or u.email for u in session.scalars(select(User).where(User.id.in_(ids)))}
+    return accounts.display_names(
+        session, (i for s in secrets for i in (s.creator_id, s.updater_id))
+    )
