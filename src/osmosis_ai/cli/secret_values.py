@@ -6,13 +6,12 @@ A platform error that repeats a value the CLI sent is redacted before anyone see
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable
 
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.platform.client import PlatformClientError
+from osmosis_ai.workspace.config import SECRET_NAME
 
-SECRET_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 REDACTED = "[REDACTED]"
 
 
