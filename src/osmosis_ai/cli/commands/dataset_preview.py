@@ -52,10 +52,11 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         )
     fields: list[tuple[str, object]] = [("Dataset", name)]
     if isinstance(preview, list):
-        rows: object = preview[: args.rows]
-        returned = len(preview[: args.rows])
+        shown = preview[: args.rows]
+        rows: object = shown
+        returned = len(shown)
         fields.append(("Rows", f"{returned} of {len(preview)}"))
-        fields += [(f"Row {i}", plain_value(row)) for i, row in enumerate(preview[: args.rows], 1)]
+        fields += [(f"Row {i}", plain_value(row)) for i, row in enumerate(shown, 1)]
     else:
         rows, returned = preview, 1
         fields.append(("Preview", plain_value(preview)))
