@@ -87,13 +87,14 @@ def fetch(clone_url: str, mirror: Path, *, timeout: float = GIT_TIMEOUT_S) -> No
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def default_branch(mirror: Path) -> str | None:
+def default_branch(mirror: Path, heads: list[BranchHead] | None = None) -> str | None:
     """The remote's default branch. A bare repository made with ``git init --bare`` keeps
     ``HEAD`` on a branch nobody pushed (``master`` while work went to ``main``): then the
-    only branch, or ``main``, or ``master``, whichever exists."""
+    only branch, or ``main``, or ``master``, whichever exists. ``heads``, when given, are
+    the mirror's :func:`branches` (read once by a caller that has them)."""
     ref = _git(mirror, "symbolic-ref", "--quiet", "HEAD", check=False).strip()
     named = ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
-    existing = [head.name for head in branches(mirror)]
+    existing = [head.name for head in (branches(mirror) if heads is None else heads)]
     if named in existing or not existing:
         return named
     if len(existing) == 1:

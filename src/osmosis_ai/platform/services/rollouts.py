@@ -128,7 +128,7 @@ def _sync_locked(
     try:
         gitsync.fetch(clone_url, mirror, timeout=timeout)
         heads = gitsync.branches(mirror)
-        default = gitsync.default_branch(mirror)
+        default = gitsync.default_branch(mirror, heads)
         found = {
             head.name: gitsync.rollouts_at(mirror, head.commit_sha)
             for head in heads
