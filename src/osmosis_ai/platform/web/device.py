@@ -69,7 +69,7 @@ def device_page(request: Request, platform: PlatformDep) -> Response:
         page = _code_entry_page(platform, csrf, session)
     else:
         try:
-            with platform.transaction() as db:
+            with platform.read() as db:
                 pending = device.pending_request(db, user_code, now=platform.now())
         except PlatformError as exc:
             page = _page("Code not found", _p(exc.message) + _code_form(), exc.status_code)
@@ -189,7 +189,7 @@ def _current_session(request: Request, platform: Platform) -> _Session | None:
     now = platform.now()
     if expires <= now.timestamp():
         return None
-    with platform.transaction() as db:
+    with platform.read() as db:  # only reads: no write lock for a page view
         return _still_valid(db, user_id, token_id, now)
 
 
