@@ -20,6 +20,7 @@ from osmosis_ai.platform.api.deps import Platform, PlatformDep, PrincipalDep, Wo
 from osmosis_ai.platform.api.secrets import secret_box
 from osmosis_ai.platform.api.wire import LogsOut, WireModel, logs_out
 from osmosis_ai.platform.services import runs as service
+from osmosis_ai.platform.services import work
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.paging import MAX_PAGE
 from osmosis_ai.platform.services.run_config import check_submission
@@ -301,6 +302,7 @@ def _submit(
         box=secret_box(platform),
         now=platform.now,
     )
+    work.wake_workers(platform.database, now=platform.now())
     return SubmittedOut(id=run.id, name=run.name, status=run.status, created_at=run.created_at)
 
 

@@ -330,6 +330,15 @@ class Model(Base):
     creator_id: Mapped[str | None] = _user_ref()
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _updated()
+    # LoRA models: the training run and checkpoint they come from, and their deployment
+    training_run_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("runs.id", ondelete="SET NULL", use_alter=True), index=True
+    )  # use_alter: runs refer to models too
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    reward: Mapped[float | None] = mapped_column(Float)
+    deployment_status: Mapped[str | None] = mapped_column(String(16))  # active | inactive
+    deployed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    deployed_by: Mapped[str | None] = _user_ref()
 
 
 # --- Git sync --------------------------------------------------------------------------------
@@ -411,6 +420,7 @@ class Run(Base):
         UniqueConstraint("workspace_id", "name"),
         Index(None, "workspace_id", "kind", "created_at"),
         Index(None, "status"),
+        Index(None, "status", "created_at"),
     )
 
     id: Mapped[str] = _id()
@@ -461,6 +471,99 @@ class Run(Base):
     updated_at: Mapped[datetime] = _updated()
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # execution: the worker holding the run's lease, which attempt it is (the fence every
+    # write of a worker carries), and why it failed
+    worker_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("workers.id", ondelete="SET NULL")
+    )
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class Worker(Base):
+    """A process that claims queued runs and executes them (``osmosis platform worker``)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = _id()
+    name: Mapped[str] = mapped_column(String(255))  # host:pid
+    slots: Mapped[int] = mapped_column(Integer, default=1)
+    wake_address: Mapped[str | None] = mapped_column(String(255))  # udp host:port
+    started_at: Mapped[datetime] = _created()
+    heartbeat_at: Mapped[datetime] = _created()
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class RunSample(Base):
+    """One evaluated work item (dataset row × run index) of an eval run: exactly one per key."""
+
+    __tablename__ = "run_samples"
+
+    run_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    row_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source_row_index: Mapped[int | None] = mapped_column(Integer)
+    rollout_id: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))  # success | failed | skipped
+    reward: Mapped[float | None] = mapped_column(Float)
+    tokens: Mapped[int | None] = mapped_column(Integer)
+    duration_ms: Mapped[int | None] = mapped_column(Integer)
+    error_type: Mapped[str | None] = mapped_column(String(64))
+    trajectory_key: Mapped[str | None] = mapped_column(Text)  # object key of the ATIF file
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = _created()
+
+
+class RunMetric(Base):
+    """A metric point of a run (training: per step; eval: the final aggregates at step 0)."""
+
+    __tablename__ = "run_metrics"
+
+    run_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value: Mapped[float | None] = mapped_column(Float)  # None: not finite
+    timestamp: Mapped[datetime] = _created()
+
+
+class RunCheckpoint(Base):
+    """A saved training checkpoint; its files live in the object store under ``object_prefix``."""
+
+    __tablename__ = "run_checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "step"),)
+
+    id: Mapped[str] = _id()
+    run_id: Mapped[str] = mapped_column(String(36), ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), default="saved")  # saving | saved
+    reward: Mapped[float | None] = mapped_column(Float)
+    object_prefix: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+
+
+class EvalImport(Base):
+    """An upload of a local eval run (``osmosis eval upload``), resumable by its digest."""
+
+    __tablename__ = "eval_imports"
+    __table_args__ = (UniqueConstraint("workspace_id", "local_run_id", "manifest_digest"),)
+
+    id: Mapped[str] = _id()
+    workspace_id: Mapped[str] = _workspace_ref()
+    run_id: Mapped[str] = mapped_column(String(36), ForeignKey("runs.id", ondelete="CASCADE"))
+    creator_id: Mapped[str | None] = _user_ref()
+    local_run_id: Mapped[str] = mapped_column(String(64))
+    manifest_digest: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default="uploading")  # | finalized
+    files: Mapped[list[dict[str, object]]] = mapped_column(JSON)  # {path, size, sha256, state}
+    payload: Mapped[dict[str, object]] = mapped_column(JSON)  # run, schema_versions, provenance
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = _created()
 
 
 class RunLog(Base):
