@@ -1,6 +1,7 @@
 """``/api/cli/models``: base models (``/base``, ``/base/{name_or_path}``) and the LoRA models
-training produces (``/lora``, ``/{name}``). A thin layer over
-:mod:`osmosis_ai.platform.services.models`."""
+training produces (``/lora``, ``/{name}``, ``POST /{name}/deploy`` and ``/{name}/undeploy``).
+A thin layer over :mod:`osmosis_ai.platform.services.models` and
+:mod:`osmosis_ai.platform.services.deployments`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from osmosis_ai.platform.api.deps import PlatformDep, WorkspaceDep
+from osmosis_ai.platform.api.deps import PlatformDep, PrincipalDep, WorkspaceDep
 from osmosis_ai.platform.api.wire import WireModel
+from osmosis_ai.platform.services import deployments
 from osmosis_ai.platform.services import models as service
 from osmosis_ai.platform.services.paging import MAX_PAGE
 from osmosis_ai.platform.store.orm import Model
@@ -60,6 +62,7 @@ class LoraModelDetailOut(LoraModelOut):
     hf_url: str | None = None
     uploaded_by: str | None = None
     inference_model: str | None = None
+    inference_base_url: str | None = None
     platform_url: str | None = None
 
 
@@ -83,11 +86,23 @@ def _base_out(model: Model, creators: dict[str, str]) -> BaseModelOut:
     )
 
 
-def _lora_out(model: Model) -> LoraModelOut:
+class DeploymentOut(WireModel):
+    id: str
+    model_name: str
+    status: str
+
+
+def _lora_out(model: Model, runs: dict[str, str], users: dict[str, str]) -> LoraModelOut:
     return LoraModelOut(
         id=model.id,
         model_name=model.name,
         base_model=model.base_model,
+        training_run_name=runs.get(model.training_run_id or ""),
+        checkpoint_step=model.checkpoint_step,
+        reward=model.reward,
+        deployment_status=model.deployment_status or deployments.INACTIVE,
+        deployed_at=model.deployed_at,
+        deployed_by=users.get(model.deployed_by or ""),
         created_at=model.created_at,
     )
 
@@ -120,13 +135,15 @@ def list_lora_models(
     with platform.read() as session:
         page = service.list_lora_models(session, workspace.id, limit=limit, offset=offset)
         active = service.active_deployments(session, workspace.id)
+        runs = service.training_run_names(session, page.items)
+        users = service.deployer_names(session, page.items)
     return LoraModelsPageOut(
-        models=[_lora_out(m) for m in page.items],
+        models=[_lora_out(m, runs, users) for m in page.items],
         total_count=page.total_count,
         has_more=page.has_more,
         next_offset=page.next_offset,
         active_deployments=active,
-        max_active_deployments=service.MAX_ACTIVE_DEPLOYMENTS,
+        max_active_deployments=deployments.max_active_deployments(),
     )
 
 
@@ -152,4 +169,41 @@ def get_base_model(
 def get_lora_model(name: str, platform: PlatformDep, workspace: WorkspaceDep) -> LoraModelDetailOut:
     with platform.read() as session:
         model = service.get_lora_model(session, workspace.id, name)
-    return LoraModelDetailOut(**_lora_out(model).model_dump())
+        runs = service.training_run_names(session, [model])
+        users = service.deployer_names(session, [model])
+    return LoraModelDetailOut(
+        **_lora_out(model, runs, users).model_dump(),
+        hf_upload_status="not_uploaded",
+        inference_model=deployments.inference_model(model),
+        inference_base_url=deployments.serving_base_url(platform.settings.public_url),
+    )
+
+
+@router.post("/{name}/deploy")
+def deploy_model(
+    name: str, platform: PlatformDep, principal: PrincipalDep, workspace: WorkspaceDep
+) -> DeploymentOut:
+    """Serve the LoRA model (already served: unchanged), within the workspace's quota."""
+    limit = deployments.max_active_deployments()
+    with platform.transaction() as session:
+        model = deployments.deploy(
+            session,
+            workspace.id,
+            name,
+            user_id=principal.user_id,
+            now=platform.now(),
+            limit=limit,
+        )
+        out = DeploymentOut(id=model.id, model_name=model.name, status=deployments.ACTIVE)
+    deployments.notify_changed(platform.extras)
+    return out
+
+
+@router.post("/{name}/undeploy")
+def undeploy_model(name: str, platform: PlatformDep, workspace: WorkspaceDep) -> DeploymentOut:
+    """Stop serving the LoRA model (not served: unchanged)."""
+    with platform.transaction() as session:
+        model = deployments.undeploy(session, workspace.id, name)
+        out = DeploymentOut(id=model.id, model_name=model.name, status=deployments.INACTIVE)
+    deployments.notify_changed(platform.extras)
+    return out

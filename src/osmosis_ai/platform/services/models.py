@@ -8,13 +8,13 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import Select, or_, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
 from osmosis_ai.platform.services.accounts import display_names
 from osmosis_ai.platform.services.paging import Page, offset_page
-from osmosis_ai.platform.store.orm import Model
+from osmosis_ai.platform.store.orm import Model, Run
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
 
@@ -124,9 +124,13 @@ def list_lora_models(
 
 
 def active_deployments(session: Session, workspace_id: str) -> int:
-    """LoRA models of the workspace being served now (none until deployment exists)."""
-    del session, workspace_id
-    return 0
+    """LoRA models of the workspace being served now."""
+    query = select(func.count()).where(
+        Model.kind == "lora",
+        Model.workspace_id == workspace_id,
+        Model.deployment_status == "active",
+    )
+    return int(session.scalar(query) or 0)
 
 
 def get_lora_model(session: Session, workspace_id: str, name: str) -> Model:
@@ -162,3 +166,16 @@ def hf_url(model: Model) -> str | None:
 
 def creator_names(session: Session, models: Sequence[Model]) -> dict[str, str]:
     return display_names(session, (m.creator_id for m in models))
+
+
+def deployer_names(session: Session, models: Sequence[Model]) -> dict[str, str]:
+    return display_names(session, (m.deployed_by for m in models))
+
+
+def training_run_names(session: Session, models: Sequence[Model]) -> dict[str, str]:
+    """The names of the training runs ``models`` come from, by run id."""
+    ids = {m.training_run_id for m in models if m.training_run_id}
+    if not ids:
+        return {}
+    rows = session.execute(select(Run.id, Run.name).where(Run.id.in_(ids)))
+    return {run_id: name for run_id, name in rows.tuples()}
