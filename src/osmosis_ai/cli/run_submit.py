@@ -134,7 +134,8 @@ def _load(kind: SubmitKind, path: Path, root: Path) -> EvalConfig | TrainingConf
             raise CLIError(
                 CLIErrorCode.VALIDATION,
                 f"[{'], ['.join(local_only)}] configure `osmosis train run` only; the platform "
-                "does not take them. Remove them to submit.",
+                "does not take them. Move them under [advanced] ([advanced.warmup], "
+                "[advanced.lora]), which both read, or remove them to submit.",
                 {"sections": local_only},
             )
     return config

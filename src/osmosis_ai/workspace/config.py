@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -50,6 +50,11 @@ _TYPED_SECTIONS: dict[ConfigKind, dict[str, type]] = {
     },
 }
 _FREE_SECTIONS = ("env", "advanced")
+# Settings of `osmosis train run` that the hosted platform's CLI refuses in their own sections
+# but forwards inside [advanced]: each is also read from there by the same name, so one
+# config works with both (``[advanced] loss_type``, ``[advanced.warmup]``, ``[advanced.lora]``).
+ADVANCED_TRAINING_KEYS = ("loss_type", "kl_coef", "seed", "report_to")
+ADVANCED_TABLES = ("warmup", "lora")
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -119,11 +124,11 @@ def load_training_config(path: Path, workspace: Workspace) -> TrainingConfig:
     """Load ``path`` (under ``configs/training/``) or raise :class:`ConfigValidationError`."""
     loader = _Loader("training", path, workspace)
     common = loader.common()
-    training = loader.typed("training", TrainingSection)
+    training = loader.aliased("training", TrainingSection, ADVANCED_TRAINING_KEYS)
     sampling = loader.typed("sampling", SamplingSection)
     checkpoints = loader.typed("checkpoints", CheckpointsSection)
-    lora = loader.typed("lora", LoraSection)
-    warmup = loader.typed("warmup", WarmupSection)
+    lora = loader.aliased("lora", LoraSection)
+    warmup = loader.aliased("warmup", WarmupSection)
     loader.raise_if_issues()
     return TrainingConfig(
         **common,
@@ -200,6 +205,41 @@ class _Loader:
 
     def typed(self, section: str, cls: type[D]) -> D:
         return parse_section(cls, section, self.table(section), self.issues)
+
+    def aliased(self, section: str, cls: type[D], keys: tuple[str, ...] | None = None) -> D:
+        """``[section]`` with the settings also given under ``[advanced]``: ``keys`` of
+        ``[advanced]`` itself, or (``keys`` None) the table ``[advanced.<section>]``. A
+        setting given in both places is an issue."""
+        own = self.table(section)
+        advanced = self.table("advanced")
+        where = "advanced" if keys is not None else f"advanced.{section}"
+        if keys is not None:
+            extra = {key: advanced[key] for key in keys if key in advanced}
+        else:
+            value = advanced.get(section, {})
+            if not isinstance(value, dict):
+                self.fail(
+                    where, f"{where} must be a table ([{where}]), got {describe_value(value)}"
+                )
+                value = {}
+            extra = dict(value)  # pyright: ignore[reportUnknownArgumentType]
+        for key in sorted(set(own) & set(extra)):
+            self.fail(
+                f"{where}.{key}",
+                f"{key} is set both in [{section}] and in [{where}]; keep one ([{where}] "
+                "works with osmosis train run and with platform submits)",
+            )
+        parsed = parse_section(cls, section, own, self.issues)
+        if not extra:
+            return parsed
+        from_advanced = parse_section(cls, where, extra, self.issues)
+        known = {f.name for f in fields(cls)}
+        return replace(
+            parsed,
+            **{
+                key: getattr(from_advanced, key) for key in extra if key in known and key not in own
+            },
+        )
 
     def _check_sections(self) -> None:
         typed = _TYPED_SECTIONS[self.kind]

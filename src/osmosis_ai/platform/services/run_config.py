@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from osmosis_ai.platform.errors import InvalidRequest
+from osmosis_ai.workspace.sections import LOSS_TYPES, REPORT_TARGETS
 
 KINDS = ("eval", "training")
 ROLLOUTS_DIR = "rollouts"
@@ -102,6 +103,68 @@ SECTIONS: dict[str, dict[str, dict[str, Check]]] = {
             "eval_interval": POSITIVE_INT,
             "checkpoint_save_freq": POSITIVE_INT,
         },
+    },
+}
+
+
+def _one_of(options: tuple[str, ...]) -> Check:
+    def check(value: object) -> str | None:
+        if isinstance(value, str) and value in options:
+            return None
+        return f"must be one of {', '.join(repr(o) for o in options)}, got {_shown(value)}"
+
+    return check
+
+
+def _subset_of(options: tuple[str, ...]) -> Check:
+    def check(value: object) -> str | None:
+        if isinstance(value, list) and all(isinstance(v, str) and v in options for v in value):  # pyright: ignore[reportUnknownVariableType]
+            return None
+        return f"must be a list of {', '.join(repr(o) for o in options)}, got {_shown(value)}"
+
+    return check
+
+
+def _boolean(value: object) -> str | None:
+    return None if isinstance(value, bool) else f"must be true or false, got {_shown(value)}"
+
+
+def _fraction(value: object) -> str | None:
+    problem = _number(low=0.0, low_open=False, high=1.0)(value)
+    if problem is None and value == 1:
+        return "must be less than 1, got 1"
+    return problem
+
+
+def _modules(value: object) -> str | None:
+    if value == "all-linear":
+        return None
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):  # pyright: ignore[reportUnknownVariableType]
+        return None
+    return f"must be 'all-linear' or a non-empty list of module names, got {_shown(value)}"
+
+
+# Settings of the embedded trainer that ride in advanced_config under their own names (the
+# hosted platform's CLI refuses them elsewhere but forwards [advanced] as written): keys of
+# advanced_config itself, and the tables advanced_config.warmup / advanced_config.lora.
+ADVANCED_KEYS: dict[str, Check] = {
+    "loss_type": _one_of(LOSS_TYPES),
+    "kl_coef": _number(low=0.0, low_open=False),
+    "seed": _integer(0),
+    "report_to": _subset_of(REPORT_TARGETS),
+}
+ADVANCED_TABLES: dict[str, dict[str, Check]] = {
+    "warmup": {
+        "sft_steps": _integer(0),
+        "lr": POSITIVE,
+        "batch_size": POSITIVE_INT,
+    },
+    "lora": {
+        "enabled": _boolean,
+        "rank": POSITIVE_INT,
+        "alpha": POSITIVE_INT,
+        "dropout": _fraction,
+        "target_modules": _modules,
     },
 }
 
@@ -229,10 +292,20 @@ def _sections(
         if (problem := _json_problem(table)) is not None:
             issues.append({"key": key, "message": problem})
             continue
+        if name == "advanced" and kind == "training":
+            _advanced(table, sections, issues)
         if name != "advanced":
             for item, value in table.items():
                 check = allowed[name].get(item)
-                if check is None:
+                if check is None and kind == "training" and item in ADVANCED_KEYS:
+                    issues.append(
+                        {
+                            "key": f"{key}.{item}",
+                            "message": f"set it under [advanced] ({item} = ...): the "
+                            "platform reads the trainer's own settings from advanced_config",
+                        }
+                    )
+                elif check is None:
                     known = ", ".join(allowed[name])
                     issues.append(
                         {"key": f"{key}.{item}", "message": f"Unrecognized key (known: {known})"}
@@ -243,6 +316,47 @@ def _sections(
         if cleaned:
             kept[name] = cleaned
     return kept
+
+
+def _advanced(
+    table: Mapping[str, object],
+    sections: Mapping[str, Mapping[str, object] | None],
+    issues: list[Issue],
+) -> None:
+    """Check the trainer settings of ``advanced_config`` (other keys pass as written); a
+    setting also given in its own section is refused, naming both places."""
+    training = sections.get("training") or {}
+    for item, check in ADVANCED_KEYS.items():
+        value = table.get(item)
+        if value is None:
+            continue
+        if item in training:
+            issues.append(
+                {
+                    "key": f"advanced_config.{item}",
+                    "message": "is set both in training_config and in advanced_config; "
+                    "keep one ([advanced])",
+                }
+            )
+        elif (problem := check(value)) is not None:
+            issues.append({"key": f"advanced_config.{item}", "message": problem})
+    for name, checks in ADVANCED_TABLES.items():
+        value = table.get(name)
+        if value is None:
+            continue
+        key = f"advanced_config.{name}"
+        if not isinstance(value, dict):
+            issues.append({"key": key, "message": f"must be a table, got {_shown(value)}"})
+            continue
+        for item, inner in value.items():  # pyright: ignore[reportUnknownVariableType]
+            check = checks.get(str(item))  # pyright: ignore[reportUnknownArgumentType]
+            if check is None:
+                known = ", ".join(checks)
+                issues.append(
+                    {"key": f"{key}.{item}", "message": f"Unrecognized key (known: {known})"}
+                )
+            elif inner is not None and (problem := check(inner)) is not None:
+                issues.append({"key": f"{key}.{item}", "message": problem})
 
 
 def _experiment(config: Mapping[str, object], issues: list[Issue]) -> Experiment | None:
