@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SRC := src tests bench examples
 
-.PHONY: setup demo demo-protocol test test-all format format-check lint typecheck check clean
+.PHONY: setup setup-harbor test-harbor demo demo-protocol test test-all format format-check lint typecheck check clean
 
 setup:
 	@scripts/setup.sh
@@ -16,6 +16,14 @@ demo-protocol: setup
 
 test: setup
 	$(BIN)/pytest -q
+
+# The Harbor tier: Python 3.12+ in .venv-harbor (Harbor needs it), bubblewrap for the sandbox.
+# Its tests live in tests/harbor; the rest of the suite needs extras this venv leaves out.
+setup-harbor:
+	@scripts/setup_harbor.sh
+
+test-harbor: setup-harbor
+	.venv-harbor/bin/pytest -q -m harbor tests/harbor
 
 format: setup
 	$(BIN)/ruff format $(SRC)
@@ -33,4 +41,4 @@ typecheck: setup
 check: format-check lint typecheck test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-harbor .pytest_cache .ruff_cache

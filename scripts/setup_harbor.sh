@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Create or refresh .venv-harbor: Python 3.12+ with the harbor extra, for the Harbor test tier
+# (`make test-harbor`). Harbor needs Python >= 3.12, so this tier lives beside the 3.11 .venv.
+# Skips the install when pyproject.toml has not changed since the last successful one.
+# Installs bubblewrap (the local sandbox's runner) with apt-get when it is missing and we are root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras="${OSMOSIS_HARBOR_EXTRAS:-server,harbor,strands,openai-agents,test}"
+venv=".venv-harbor"
+stamp="$venv/.osmosis-setup-$(echo "$extras" | tr ',' '-')"
+
+find_python() {
+  if [ -n "${PYTHON_HARBOR:-}" ]; then
+    echo "$PYTHON_HARBOR"
+    return 0
+  fi
+  local candidate
+  for candidate in python3.12 /root/.pyenv/versions/3.12.*/bin/python python3.13 /root/.pyenv/versions/3.13.*/bin/python; do
+    if command -v "$candidate" >/dev/null 2>&1 \
+      && "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup-harbor: installing bubblewrap"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } \
+      || echo "setup-harbor: bubblewrap could not be installed; the sandbox tests will skip"
+  else
+    echo "setup-harbor: bubblewrap (bwrap) is missing and cannot be installed here; the sandbox tests will skip"
+  fi
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  if ! python=$(find_python); then
+    echo "setup-harbor: no Python >= 3.12 found (set PYTHON_HARBOR to one); Harbor needs it" >&2
+    exit 2
+  fi
+  echo "setup-harbor: creating $venv with $("$python" --version)"
+  "$python" -m venv "$venv"
+fi
+digest=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
+  exit 0
+fi
+echo "setup-harbor: installing osmosis-ai[$extras] into $venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet -e ".[$extras]"
+echo "$digest" > "$stamp"
