@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import random
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ class TrainRunOptions:
     vllm_server_url: str | None = None
     environ: Mapping[str, str] | None = None
     handle_signals: bool = True
+    stop: threading.Event | None = None  # set: finish the step, save, and stop
     verbose: bool = False
 
 

@@ -72,7 +72,7 @@ class _Run:
         self.rewards: list[float | None] = []
         self.validations: list[EvalSummary] = []
         self.warnings: list[str] = []
-        self.stop = StopRequest(self._on_stop_request)
+        self.stop = StopRequest(self._on_stop_request, plan.options.stop)
         self.pending_validation: EvalSummary | None = None
         self.model: Any = None
         self.tokenizer: Any = None

@@ -13,12 +13,22 @@ from typing import Any
 
 
 class StopRequest:
-    """A flag set by the first SIGINT/SIGTERM while installed (main thread only)."""
+    """A flag set by the first SIGINT/SIGTERM while installed (main thread only), or by
+    setting ``external`` (a caller that handles signals itself, e.g. a platform worker)."""
 
-    def __init__(self, on_request: Callable[[int], None] | None = None) -> None:
-        self.requested = False
+    def __init__(
+        self,
+        on_request: Callable[[int], None] | None = None,
+        external: threading.Event | None = None,
+    ) -> None:
+        self._requested = False
         self.on_request = on_request
+        self.external = external
         self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self._requested or (self.external is not None and self.external.is_set())
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -37,9 +47,9 @@ class StopRequest:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
+        if self._requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self._requested = True
         if self.on_request is not None:
             self.on_request(signum)
 
