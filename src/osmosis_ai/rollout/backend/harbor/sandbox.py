@@ -1,0 +1,1162 @@
+"""A Harbor environment that runs a task in a bubblewrap sandbox, without Docker (Linux, root).
+
+Each sandbox is a copy-on-write view of the host: an overlay of ``/`` whose upper layer is a
+per-trial folder, so the task sees the host's programs (and its Python) and whatever it
+writes lands in that folder, never on the host. Use it through Harbor by import path::
+
+    EnvironmentConfig(import_path="osmosis_ai.rollout.backend.harbor.sandbox:LocalSandboxEnvironment")
+
+or let :func:`default_environment_config` pick Harbor's ``docker`` environment where a Docker
+engine answers and this sandbox otherwise.
+
+How it runs:
+
+* ``start`` creates ``upper``/``work``/``merged``/``tmp`` folders for the trial and starts one
+  long-lived holder: ``unshare --mount`` (so the overlay mount lives in a private mount
+  namespace and vanishes with the sandbox, whatever happens to this process), ``mount -t
+  overlay`` of ``/``, then ``bwrap --bind merged / --dev /dev --proc /proc --bind tmp /tmp
+  --unshare-pid --unshare-ipc --unshare-uts [--unshare-net] --die-with-parent``. Every
+  ``exec`` joins the holder's namespaces with ``nsenter``, so background processes (a tmux
+  server, say) outlive the command that started them, as they do in a container.
+* ``stop`` ends the holder: its PID namespace goes with it, killing every process the trial
+  started; the overlay mount goes with its mount namespace; the per-trial folders are
+  deleted.
+* The environment's Dockerfile is applied at start, from a subset: ``FROM`` is accepted and
+  ignored (the host root is the base image), ``ARG``, ``ENV``, ``WORKDIR``, ``USER``, ``RUN``
+  (run in the sandbox), and ``COPY``/``ADD`` of files from the environment folder.
+  ``LABEL``, ``EXPOSE``, ``CMD``, ``MAINTAINER``, ``STOPSIGNAL`` and ``HEALTHCHECK`` change
+  nothing Harbor relies on and are skipped. Anything else (``ENTRYPOINT``, ``SHELL``,
+  ``VOLUME``, ``ONBUILD``, multi-stage builds, ``COPY --from``, ``ADD`` of a URL) is refused
+  with :class:`UnsupportedDockerfileError` naming the instruction. Compose environments and
+  prebuilt ``docker_image`` tasks are refused too.
+* Network policy (task.toml ``[environment] network_mode``): ``public`` shares the host's
+  network; ``no-network`` gives the sandbox its own network namespace (loopback only);
+  ``allowlist`` does the same and forwards ports 80 and 443 of each allowed host name or
+  IPv4 address (the name resolves inside through ``/etc/hosts``). In both restricted modes
+  each endpoint in ``forward_endpoints`` (URLs, ``"host:port"`` or ``(host, port)``) stays
+  reachable at its own address and port: this process listens inside the namespace (the
+  socket is created by a short-lived thread that joins it) and relays each connection to
+  the real endpoint. That is how an agent in a ``no-network`` trial still reaches the
+  rollout's model endpoint on the host's loopback.
+* Files move in and out as tar streams through ``tar`` run inside the sandbox, so a symlink
+  (in an upload, or left by the agent) resolves inside the sandbox, never on the host; tar
+  archives brought out are unpacked with Python's ``data`` filter.
+
+Limits: Linux only, as root; commands run as root unless a user is named (``USER``, Harbor's
+agent user), switched to with ``setpriv``; no CPU, memory or GPU limits; the host's files are
+readable inside (credential folders such as ``~/.ssh`` and ``~/.osmosis`` are hidden, see
+``hidden_paths``); only the root filesystem is overlaid, so other host mounts show up empty.
+"""
+
+# Harbor needs Python 3.12+, so type checks on 3.11 run without it installed.
+# pyright: reportMissingImports=false, reportUntypedBaseClass=false
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import inspect
+import ipaddress
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from glob import glob
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.models.task.config import NetworkMode
+
+__all__ = [
+    "SANDBOX_IMPORT_PATH",
+    "Endpoint",
+    "LocalSandboxEnvironment",
+    "SandboxError",
+    "SandboxTimeoutError",
+    "UnsupportedDockerfileError",
+    "default_environment_config",
+    "docker_engine_answers",
+    "parse_dockerfile",
+    "parse_endpoint",
+    "sandbox_missing_reason",
+]
+
+SANDBOX_IMPORT_PATH = "osmosis_ai.rollout.backend.harbor.sandbox:LocalSandboxEnvironment"
+ENVIRONMENT_TYPE = "osmosis-sandbox"
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ALLOWLIST_PORTS = (80, 443)
+_CLONE_NEWNET = 0x40000000
+_STOP_GRACE_SEC = 5.0
+_DEFAULT_LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
+_DEFAULT_HIDDEN = (
+    "~/.osmosis",
+    "~/.config",
+    "~/.ssh",
+    "~/.aws",
+    "~/.docker",
+    "~/.netrc",
+    "~/.git-credentials",
+    "~/.pypirc",
+)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up or used."""
+
+
+class SandboxTimeoutError(SandboxError):
+    """A command ran past its timeout and was killed (its whole process group)."""
+
+
+class UnsupportedDockerfileError(ValueError):
+    """The environment's Dockerfile uses something the sandbox cannot reproduce."""
+
+
+# -- Dockerfile subset -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One Dockerfile instruction: its keyword (upper case), arguments and line number."""
+
+    keyword: str
+    args: str
+    line: int
+
+
+_SKIPPED = frozenset({"LABEL", "EXPOSE", "CMD", "MAINTAINER", "STOPSIGNAL", "HEALTHCHECK"})
+_SUPPORTED = frozenset({"FROM", "ARG", "ENV", "WORKDIR", "USER", "RUN", "COPY", "ADD"}) | _SKIPPED
+
+
+def parse_dockerfile(text: str, *, source: str = "Dockerfile") -> list[Instruction]:
+    """Split a Dockerfile into instructions, refusing those the sandbox cannot reproduce."""
+    instructions: list[Instruction] = []
+    pending = ""
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue  # comment lines inside a continued instruction are dropped
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        logical = (pending + stripped).strip()
+        pending = ""
+        if logical:
+            keyword, _, args = logical.partition(" ")
+            instructions.append(Instruction(keyword.upper(), args.strip(), start))
+    if pending.strip():
+        keyword, _, args = pending.strip().partition(" ")
+        instructions.append(Instruction(keyword.upper(), args.strip(), start))
+    froms = 0
+    for item in instructions:
+        where = f"{source} line {item.line}"
+        if item.keyword not in _SUPPORTED:
+            raise UnsupportedDockerfileError(
+                f"{where}: {item.keyword} is not supported by the local sandbox (it applies "
+                f"FROM, ARG, ENV, WORKDIR, USER, RUN, COPY and ADD); use Harbor's docker "
+                "environment for this task"
+            )
+        if item.keyword == "FROM":
+            froms += 1
+            if froms > 1:
+                raise UnsupportedDockerfileError(
+                    f"{where}: a second FROM (multi-stage build) is not supported by the "
+                    "local sandbox; use Harbor's docker environment for this task"
+                )
+        if item.keyword in ("COPY", "ADD") and "--from" in item.args.split("=")[0]:
+            raise UnsupportedDockerfileError(
+                f"{where}: {item.keyword} --from is not supported by the local sandbox"
+            )
+    return instructions
+
+
+def _split_words(text: str) -> list[str]:
+    if text.startswith("["):
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, list) and all(isinstance(v, str) for v in parsed):
+            return [str(v) for v in parsed]
+    return shlex.split(text)
+
+
+def _parse_assignments(args: str, keyword: str, line: int) -> dict[str, str]:
+    words = shlex.split(args)
+    if not words:
+        raise UnsupportedDockerfileError(f"Dockerfile line {line}: {keyword} needs a value")
+    if "=" not in words[0]:
+        if keyword == "ARG" and len(words) == 1:
+            return {words[0]: ""}
+        # Legacy form: ENV NAME value with spaces
+        name, _, value = args.strip().partition(" ")
+        return {name: value.strip()}
+    values: dict[str, str] = {}
+    for word in words:
+        name, sep, value = word.partition("=")
+        if not sep or not name:
+            raise UnsupportedDockerfileError(
+                f"Dockerfile line {line}: {keyword} expects NAME=value pairs, got {word!r}"
+            )
+        values[name] = value
+    return values
+
+
+def _expand(value: str, variables: dict[str, str]) -> str:
+    """Docker-style $NAME / ${NAME} / ${NAME:-default} substitution."""
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        char = value[i]
+        if char == "\\" and i + 1 < len(value) and value[i + 1] == "$":
+            out.append("$")
+            i += 2
+            continue
+        if char != "$":
+            out.append(char)
+            i += 1
+            continue
+        if value.startswith("${", i):
+            end = value.find("}", i)
+            if end == -1:
+                out.append(value[i:])
+                break
+            body = value[i + 2 : end]
+            name, sep, default = body.partition(":-")
+            out.append(variables.get(name) or (default if sep else ""))
+            i = end + 1
+            continue
+        j = i + 1
+        while j < len(value) and (value[j].isalnum() or value[j] == "_"):
+            j += 1
+        if j == i + 1:
+            out.append("$")
+            i += 1
+            continue
+        out.append(variables.get(value[i + 1 : j], ""))
+        i = j
+    return "".join(out)
+
+
+# -- endpoints -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A TCP endpoint (host name or address, port) the sandbox must be able to reach."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_endpoint(value: object) -> Endpoint:
+    """An :class:`Endpoint` from a URL, ``"host:port"``, ``(host, port)`` or an Endpoint."""
+    if isinstance(value, Endpoint):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) == 2:  # pyright: ignore[reportUnknownArgumentType]
+        host, port = value  # pyright: ignore[reportUnknownVariableType]
+        return _checked_endpoint(str(host), port, value)
+    if isinstance(value, str):
+        text = value.strip()
+        parsed = urlsplit(text if "://" in text else f"tcp://{text}")
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        if port is None and parsed.scheme in ("http", "https"):
+            port = 443 if parsed.scheme == "https" else 80
+        if parsed.hostname and port is not None:
+            return _checked_endpoint(parsed.hostname, port, value)
+    raise ValueError(
+        f"forward_endpoints entry {value!r} is not an endpoint: give a URL "
+        "(http://127.0.0.1:8000/v1), 'host:port' or a (host, port) pair"
+    )
+
+
+def _checked_endpoint(host: str, port: object, original: object) -> Endpoint:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"forward_endpoints entry {original!r}: the port must be 1-65535")
+    if not host:
+        raise ValueError(f"forward_endpoints entry {original!r}: the host is empty")
+    return Endpoint(host, port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _ipv4(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 4
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class _Route:
+    """Listen inside the sandbox at (listen_host, port); relay to target."""
+
+    listen_host: str
+    port: int
+    target: Endpoint
+
+
+def _plan_routes(
+    endpoints: Iterable[Endpoint], allowed_hosts: Iterable[str]
+) -> tuple[list[_Route], dict[str, str], list[str]]:
+    """Forwarding routes, /etc/hosts names, and extra loopback addresses to add inside."""
+    routes: dict[tuple[str, int], _Route] = {}
+    names: dict[str, str] = {}
+    addresses: list[str] = []
+    next_alias = [2]
+
+    def listen_address(host: str) -> str:
+        if _is_loopback(host):
+            return "127.0.0.1" if host == "localhost" else host
+        if _ipv4(host):
+            if host not in addresses:
+                addresses.append(host)
+            return host
+        if host not in names:
+            names[host] = f"127.0.100.{next_alias[0]}"
+            next_alias[0] += 1
+        return names[host]
+
+    def add(host: str, port: int) -> None:
+        listen = listen_address(host)
+        routes.setdefault((listen, port), _Route(listen, port, Endpoint(host, port)))
+
+    for endpoint in endpoints:
+        add(endpoint.host, endpoint.port)
+    for host in allowed_hosts:
+        for port in ALLOWLIST_PORTS:
+            add(host, port)
+    return list(routes.values()), names, addresses
+
+
+# -- the host side of forwarding -------------------------------------------------------------
+
+
+def _listen_in_netns(netns_path: str, addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
+    """Listening TCP sockets created inside the network namespace at ``netns_path``.
+
+    A new thread joins the namespace (only that thread switches), creates the sockets and
+    ends; the sockets keep the namespace they were made in.
+    """
+    result: list[socket.socket] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    code = ctypes.get_errno()
+                    raise OSError(code, f"setns({netns_path}): {os.strerror(code)}")
+            finally:
+                os.close(fd)
+            for host, port in addresses:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                sock.listen(128)
+                sock.setblocking(False)
+                result.append(sock)
+        except BaseException as exc:
+            failure.append(exc)
+            for sock in result:
+                sock.close()
+
+    thread = threading.Thread(target=work, name="sandbox-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise SandboxError(f"could not listen inside the sandbox network: {failure[0]}")
+    return result
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(65536):
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        pass
+
+
+class _Forwarder:
+    """Relays connections accepted inside the sandbox to endpoints reached from the host."""
+
+    def __init__(self) -> None:
+        self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, sockets: Sequence[socket.socket], routes: Sequence[_Route]) -> None:
+        for sock, route in zip(sockets, routes, strict=True):
+            server = await asyncio.start_server(
+                lambda r, w, target=route.target: self._relay(r, w, target), sock=sock
+            )
+            self._servers.append(server)
+
+    async def _relay(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: Endpoint
+    ) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)  # pyright: ignore[reportArgumentType]
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
+            except OSError:
+                writer.close()
+                return
+            try:
+                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            finally:
+                up_writer.close()
+                writer.close()
+        finally:
+            if task is not None:
+                self._tasks.discard(task)  # pyright: ignore[reportArgumentType]
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), timeout=1.0)
+        self._servers.clear()
+
+
+# -- host checks -----------------------------------------------------------------------------
+
+
+def sandbox_missing_reason() -> str | None:
+    """Why the sandbox cannot run on this machine, or None (cheap: no mount is tried)."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return f"the local sandbox needs Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "the local sandbox needs root (it mounts an overlay per trial)"
+    for tool, package in (
+        ("bwrap", "bubblewrap"),
+        ("unshare", "util-linux"),
+        ("nsenter", "util-linux"),
+        ("mount", "mount"),
+    ):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install {package})"
+    return None
+
+
+def docker_engine_answers(timeout_sec: float = 3.0) -> bool:
+    """Whether a Docker engine answers ``docker info`` here."""
+    if shutil.which("docker") is None:
+        return False
+    try:
+        result = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            timeout=timeout_sec,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0 and bool(result.stdout.strip())
+
+
+def default_environment_config(**kwargs: Any) -> Any:
+    """Harbor's ``docker`` environment where an engine answers, else this sandbox.
+
+    ``kwargs`` go to the sandbox's constructor (e.g. ``forward_endpoints``). Raises
+    :class:`SandboxError` naming what is missing when neither can run.
+    """
+    from harbor.models.environment_type import EnvironmentType
+    from harbor.models.trial.config import EnvironmentConfig
+
+    if docker_engine_answers():
+        return EnvironmentConfig(type=EnvironmentType.DOCKER)
+    if reason := sandbox_missing_reason():
+        raise SandboxError(
+            f"no environment for Harbor trials: no Docker engine answers here, and {reason}"
+        )
+    return EnvironmentConfig(import_path=SANDBOX_IMPORT_PATH, kwargs=dict(kwargs))
+
+
+# -- the environment -------------------------------------------------------------------------
+
+
+@dataclass
+class _Holder:
+    process: subprocess.Popen[bytes]
+    init_pid: int
+    pid: int
+
+
+@dataclass
+class _BuildState:
+    variables: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+    user: str | None = None
+
+
+def _base_init_accepts(name: str) -> bool:
+    return name in inspect.signature(BaseEnvironment.__init__).parameters
+
+
+class LocalSandboxEnvironment(BaseEnvironment):
+    """Runs a Harbor task in a bubblewrap sandbox over a copy-on-write view of the host.
+
+    Extra keyword arguments (Harbor's ``EnvironmentConfig.kwargs``):
+
+    * ``forward_endpoints``: endpoints that stay reachable from inside under a restricted
+      network policy (URLs, ``"host:port"`` or ``(host, port)``), at the same address.
+    * ``state_dir``: where per-trial folders go (default: ``$TMPDIR/osmosis-sandbox``).
+    * ``hidden_paths``: host paths shown empty inside (default: credential folders in
+      ``$HOME``); ``()`` hides nothing.
+    """
+
+    _setup_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self,
+        *args: Any,
+        forward_endpoints: Sequence[object] | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        hidden_paths: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._forward = [parse_endpoint(value) for value in forward_endpoints or ()]
+        root = Path(state_dir) if state_dir else Path(tempfile.gettempdir()) / "osmosis-sandbox"
+        self._state_root = root
+        self._hidden = tuple(_DEFAULT_HIDDEN if hidden_paths is None else hidden_paths)
+        self._holder: _Holder | None = None
+        self._trial_dir: Path | None = None
+        self._forwarder: _Forwarder | None = None
+        self._build = _BuildState()
+        self._instructions: list[Instruction] = []
+        self._routes: list[_Route] = []
+        self._loopback_addresses: list[str] = []
+        if _base_init_accepts("auto_mounting"):
+            # Binding the trial's log folders is free here; Harbor then reads them in place.
+            kwargs.setdefault("auto_mounting", True)
+        super().__init__(*args, **kwargs)
+
+    # -- Harbor's contract --
+
+    @staticmethod
+    def type() -> str:
+        return ENVIRONMENT_TYPE
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(
+            disable_internet=True,
+            network_allowlist=True,
+            network_allowlist_hostnames=True,
+            network_allowlist_ipv4_addresses=True,
+            mounted=True,
+        )
+
+    @classmethod
+    def preflight(cls) -> None:
+        if reason := sandbox_missing_reason():
+            raise SandboxError(reason)
+
+    def _validate_definition(self) -> None:
+        env_dir = Path(self.environment_dir)
+        if self.task_env_config.docker_image:
+            raise UnsupportedDockerfileError(
+                f"task environment {env_dir} names the prebuilt image "
+                f"{self.task_env_config.docker_image!r}; the local sandbox builds only from a "
+                "Dockerfile on the host root. Use Harbor's docker environment for it"
+            )
+        for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
+            if (env_dir / name).exists():
+                raise UnsupportedDockerfileError(
+                    f"{env_dir / name}: compose environments need Harbor's docker environment; "
+                    "the local sandbox runs a single Dockerfile"
+                )
+        dockerfile = env_dir / "Dockerfile"
+        if dockerfile.is_file():
+            self._instructions = parse_dockerfile(
+                dockerfile.read_text(encoding="utf-8"), source=str(dockerfile)
+            )
+        elif env_dir.exists() and not env_dir.is_dir():
+            raise FileNotFoundError(f"task environment {env_dir} is not a folder")
+
+    async def start(self, force_build: bool) -> None:
+        if self._holder is not None:
+            raise SandboxError(f"sandbox {self.session_id} is already started")
+        if reason := sandbox_missing_reason():
+            raise SandboxError(reason)
+        try:
+            await asyncio.to_thread(self._start_holder)
+            await self._start_forwarding()
+            await self._apply_dockerfile()
+            dirs = self._writable_mount_targets()
+            if dirs:
+                await self._checked(f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)}", "root")
+        except BaseException:
+            await self._teardown()
+            raise
+
+    async def stop(self, delete: bool) -> None:
+        await self._teardown()
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        chosen = self._resolve_user(user)
+        if chosen is None:
+            chosen = self._build.user
+        return await self._run(
+            command,
+            cwd=cwd or self.task_env_config.workdir or self._build.workdir,
+            env=self._command_env(self._merge_env(env)),
+            timeout_sec=timeout_sec,
+            user=chosen,
+        )
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        source = Path(source_path)
+        if not await asyncio.to_thread(source.is_file):
+            raise FileNotFoundError(f"upload_file: {source} is not a file")
+        target = PurePosixPath(target_path)
+        await self._upload_tar([(source, target.name)], str(target.parent))
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        entries = await asyncio.to_thread(_folder_entries, Path(source_dir), "upload_dir")
+        await self._upload_tar(entries, target_dir)
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        with tempfile.TemporaryFile() as content:
+            result = await self._run(
+                f"test -f {shlex.quote(source_path)} && cat -- {shlex.quote(source_path)}",
+                cwd="/",
+                env=self._command_env(None),
+                timeout_sec=None,
+                user="root",
+                stdout=content,
+            )
+            if result.return_code != 0:
+                raise FileNotFoundError(
+                    f"download_file: {source_path} is not a file in sandbox {self.session_id}"
+                    + (f": {result.stderr.strip()}" if result.stderr else "")
+                )
+            await asyncio.to_thread(_save, content, Path(target_path))
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        with tempfile.TemporaryFile() as archive:
+            result = await self._run(
+                f"test -d {shlex.quote(source_dir)} && tar -C {shlex.quote(source_dir)} -cf - .",
+                cwd="/",
+                env=self._command_env(None),
+                timeout_sec=None,
+                user="root",
+                stdout=archive,
+            )
+            if result.return_code != 0:
+                raise FileNotFoundError(
+                    f"download_dir: {source_dir} is not a folder in sandbox {self.session_id}"
+                    + (f": {result.stderr.strip()}" if result.stderr else "")
+                )
+            await asyncio.to_thread(_unpack, archive, Path(target_dir))
+
+    # -- setup --
+
+    def _writable_mount_targets(self) -> list[str]:
+        mounts: list[dict[str, Any]] = list(getattr(self, "_mounts", None) or [])
+        targets = [str(m["target"]) for m in mounts if not m.get("read_only")]
+        return targets or list(_DEFAULT_LOG_DIRS)
+
+    def _host_mount_list(self) -> list[dict[str, Any]]:
+        mounts = getattr(self, "_host_mounts", None)
+        if mounts is None:
+            mounts = getattr(self, "_mounts", None) or []
+        return [dict(m) for m in mounts]
+
+    def _network_mode(self) -> NetworkMode:
+        return self.network_policy.network_mode
+
+    def _start_holder(self) -> None:
+        self._state_root.mkdir(parents=True, exist_ok=True)
+        trial_dir = Path(
+            tempfile.mkdtemp(prefix=f"{_safe(self.session_id)}-", dir=self._state_root)
+        )
+        self._trial_dir = trial_dir
+        for name in ("upper", "work", "merged", "tmp", "io"):
+            (trial_dir / name).mkdir()
+        (trial_dir / "tmp").chmod(0o1777)
+        restricted = self._network_mode() != NetworkMode.PUBLIC
+        allowed = (
+            list(self.network_policy.allowed_hosts)
+            if self._network_mode() == NetworkMode.ALLOWLIST
+            else []
+        )
+        routes, names, addresses = _plan_routes(self._forward if restricted else (), allowed)
+        self._routes, self._loopback_addresses = routes, addresses
+        if names:
+            self._write_hosts_file(trial_dir / "upper", names)
+        bwrap = [
+            "bwrap",
+            "--bind", str(trial_dir / "merged"), "/",
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--bind", str(trial_dir / "tmp"), "/tmp",
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--hostname", _safe(self.session_id)[:63] or "sandbox",
+            "--die-with-parent",
+            "--chdir", "/",
+        ]  # fmt: skip
+        if restricted:
+            bwrap.append("--unshare-net")
+        for mount in self._host_mount_list():
+            if mount.get("type", "bind") != "bind":
+                raise SandboxError(
+                    f"mount {mount!r}: the local sandbox binds host folders only (type 'bind')"
+                )
+            Path(mount["source"]).mkdir(parents=True, exist_ok=True)
+            flag = "--ro-bind" if mount.get("read_only") else "--bind"
+            bwrap += [flag, str(mount["source"]), str(mount["target"])]
+        for hidden in self._hidden:
+            path = Path(os.path.expanduser(hidden))
+            if path.is_symlink() or not path.exists():
+                continue
+            bwrap += (
+                ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+            )
+        read_fd, write_fd = os.pipe()
+        bwrap += ["--info-fd", str(write_fd), "--", "/bin/sh", "-c", "echo ready; read _"]
+        overlay = f"lowerdir=/,upperdir={trial_dir / 'upper'},workdir={trial_dir / 'work'}"
+        script = 'mount -t overlay overlay -o "$1" "$2" && shift 2 && exec "$@"'
+        argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script,
+                "sandbox", overlay, str(trial_dir / "merged"), *bwrap]  # fmt: skip
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=(trial_dir / "io" / "holder.err").open("wb"),
+                pass_fds=(write_fd,),
+                start_new_session=True,
+                env={"PATH": os.environ.get("PATH", BASE_PATH)},
+            )
+        finally:
+            os.close(write_fd)
+        try:
+            info = _read_info(read_fd)
+        finally:
+            os.close(read_fd)
+        assert process.stdout is not None
+        ready = process.stdout.readline()
+        if ready.strip() != b"ready" or "child-pid" not in info:
+            process.kill()
+            process.wait()
+            detail = (trial_dir / "io" / "holder.err").read_text(errors="replace").strip()
+            raise SandboxError(f"the sandbox did not start: {detail or 'no output'}")
+        init_pid = int(info["child-pid"])
+        self._holder = _Holder(process, init_pid, _child_of(init_pid))
+
+    def _write_hosts_file(self, upper: Path, names: dict[str, str]) -> None:
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        lines = [base.rstrip("\n"), "# forwarded by the local sandbox"]
+        lines += [f"{address} {name}" for name, address in names.items()]
+        (upper / "etc").mkdir(exist_ok=True)
+        (upper / "etc" / "hosts").write_text("\n".join(lines) + "\n")
+
+    async def _start_forwarding(self) -> None:
+        routes = self._routes
+        if not routes or self._holder is None:
+            return
+        for address in self._loopback_addresses:
+            await self._checked(f"ip addr add {shlex.quote(address)}/32 dev lo", "root")
+        netns = f"/proc/{self._holder.pid}/ns/net"
+        sockets = await asyncio.to_thread(
+            _listen_in_netns, netns, [(r.listen_host, r.port) for r in routes]
+        )
+        self._forwarder = _Forwarder()
+        await self._forwarder.start(sockets, routes)
+
+    async def _apply_dockerfile(self) -> None:
+        state = self._build
+        context = await asyncio.to_thread(Path(self.environment_dir).resolve)
+        for item in self._instructions:
+            keyword = item.keyword
+            if keyword in _SKIPPED or keyword == "FROM":
+                continue
+            args = _expand(item.args, {**state.variables, **state.env})
+            if keyword == "ARG":
+                for name, value in _parse_assignments(item.args, keyword, item.line).items():
+                    state.variables.setdefault(name, _expand(value, state.variables))
+            elif keyword == "ENV":
+                for name, value in _parse_assignments(item.args, keyword, item.line).items():
+                    state.env[name] = _expand(value, {**state.variables, **state.env})
+            elif keyword == "WORKDIR":
+                state.workdir = str(PurePosixPath(state.workdir) / args.strip())
+                await self._checked(f"mkdir -p {shlex.quote(state.workdir)}", "root")
+            elif keyword == "USER":
+                name = args.strip().split(":")[0]
+                state.user = None if name in ("root", "0") else name
+            elif keyword == "RUN":
+                words = _split_words(item.args)
+                command = shlex.join(words) if item.args.startswith("[") else item.args
+                env = self._command_env({**state.variables, **state.env}, include_build=False)
+                result = await self._run(
+                    command,
+                    cwd=state.workdir,
+                    env=env,
+                    timeout_sec=int(self.task_env_config.build_timeout_sec),
+                    user=state.user,
+                    shell="/bin/sh",
+                )
+                if result.return_code != 0:
+                    output = (result.stderr or result.stdout or "").strip()[-2000:]
+                    raise SandboxError(
+                        f"Dockerfile line {item.line}: RUN {item.args!r} failed with exit code "
+                        f"{result.return_code}: {output}"
+                    )
+            else:  # COPY / ADD
+                await self._copy(item, args, context)
+
+    async def _copy(self, item: Instruction, args: str, context: Path) -> None:
+        words = _split_words(args)
+        chmod = next((w.split("=", 1)[1] for w in words if w.startswith("--chmod=")), None)
+        # --chown (everything runs as root), --link and --parents change nothing here
+        paths = [word for word in words if not word.startswith("--")]
+        if len(paths) < 2:
+            raise UnsupportedDockerfileError(
+                f"Dockerfile line {item.line}: {item.keyword} needs a source and a destination"
+            )
+        *sources, dest = paths
+        destination = PurePosixPath(self._build.workdir) / dest
+        entries, into_dir = await asyncio.to_thread(_copy_sources, item, sources, context)
+        into_dir = into_dir or dest.endswith("/")
+        if into_dir:
+            await self._upload_tar(entries, str(destination), mode=chmod)
+        else:
+            await self._upload_tar(
+                [(entries[0][0], destination.name)], str(destination.parent), mode=chmod
+            )
+
+    # -- running commands --
+
+    def _command_env(
+        self, extra: dict[str, str] | None, *, include_build: bool = True
+    ) -> dict[str, str]:
+        env = {"PATH": BASE_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm"}
+        if include_build:
+            env.update(self._build.env)
+        if extra:
+            env.update(extra)
+        return env
+
+    async def _checked(self, command: str, user: str | None) -> None:
+        result = await self._run(
+            command, cwd="/", env=self._command_env(None), timeout_sec=60, user=user
+        )
+        if result.return_code != 0:
+            raise SandboxError(
+                f"sandbox {self.session_id}: {command!r} failed: "
+                f"{(result.stderr or result.stdout or '').strip()}"
+            )
+
+    async def _run(
+        self,
+        command: str,
+        *,
+        cwd: str,
+        env: dict[str, str],
+        timeout_sec: float | None,
+        user: str | int | None,
+        stdin: Any = None,
+        stdout: Any = None,
+        shell: str = "bash",
+    ) -> ExecResult:
+        holder = self._holder
+        if holder is None or self._trial_dir is None:
+            raise SandboxError(f"sandbox {self.session_id} is not running; call start() first")
+        as_user = None if user in (None, "root", 0, "0") else str(user)
+        if as_user is None:
+            script = 'cd -- "$1" || exit 1; exec "$2" -c "$3"'
+        else:
+            script = (
+                'cd -- "$1" || exit 1; u="$4"; g=$(id -g -- "$u") || exit 1; '
+                'h=$(getent passwd "$u" | cut -d: -f6); export HOME="${h:-/}" USER="$u"; '
+                'exec setpriv --reuid="$u" --regid="$g" --init-groups "$2" -c "$3"'
+            )
+        shell_path = shell if shell.startswith("/") else f"/bin/{shell}"
+        argv = [
+            "nsenter", "-t", str(holder.pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w",
+            "/bin/sh", "-c", script, "sandbox-exec", cwd, shell_path, command,
+        ]  # fmt: skip
+        if as_user is not None:
+            argv.append(as_user)
+        io_dir = self._trial_dir / "io"
+        token = uuid.uuid4().hex
+        out_path = io_dir / f"{token}.out"
+        err_path = io_dir / f"{token}.err"
+        with contextlib.ExitStack() as files:
+            out_file = stdout if stdout is not None else files.enter_context(out_path.open("wb"))
+            err_file = files.enter_context(err_path.open("wb"))
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                stdout=out_file,
+                stderr=err_file,
+                env=env,
+                start_new_session=True,
+            )
+            try:
+                if timeout_sec:
+                    code = await asyncio.wait_for(process.wait(), timeout=timeout_sec)
+                else:
+                    code = await process.wait()
+            except TimeoutError:
+                _kill_group(process.pid)
+                await process.wait()
+                raise SandboxTimeoutError(
+                    f"Command timed out after {timeout_sec} seconds"
+                ) from None
+            except BaseException:
+                _kill_group(process.pid)
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(process.wait())
+                raise
+        try:
+            out = None if stdout is not None else _read_text(out_path)
+            err = _read_text(err_path)
+        finally:
+            out_path.unlink(missing_ok=True)
+            err_path.unlink(missing_ok=True)
+        return ExecResult(stdout=out, stderr=err, return_code=code)
+
+    async def _upload_tar(
+        self, entries: Sequence[tuple[Path, str]], target_dir: str, *, mode: str | None = None
+    ) -> None:
+        with tempfile.TemporaryFile() as archive:
+            await asyncio.to_thread(_write_tar, archive, entries, mode)
+            archive.seek(0)
+            quoted = shlex.quote(target_dir)
+            result = await self._run(
+                f"mkdir -p {quoted} && tar -C {quoted} -xf - --no-same-owner",
+                cwd="/",
+                env=self._command_env(None),
+                timeout_sec=None,
+                user="root",
+                stdin=archive,
+            )
+        if result.return_code != 0:
+            raise SandboxError(
+                f"upload to {target_dir} in sandbox {self.session_id} failed: "
+                f"{(result.stderr or '').strip()}"
+            )
+
+    # -- teardown --
+
+    async def _teardown(self) -> None:
+        if self._forwarder is not None:
+            await self._forwarder.close()
+            self._forwarder = None
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            await asyncio.to_thread(_end_holder, holder)
+        trial_dir, self._trial_dir = self._trial_dir, None
+        if trial_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, trial_dir, True)
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+
+
+def _read_info(fd: int) -> dict[str, Any]:
+    data = b""
+    while b"}" not in data:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        parsed = json.loads(data.decode() or "{}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _child_of(pid: int) -> int:
+    """The first child of ``pid`` (bubblewrap's init runs the holder as its child)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    if children:
+        return int(children[0])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            return int(entry.name)
+    raise SandboxError(f"the sandbox's holder process (child of {pid}) was not found")
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _end_holder(holder: _Holder) -> None:
+    """End the sandbox: killing the PID namespace's init kills every process in it."""
+    process = holder.process
+    with contextlib.suppress(OSError):
+        if process.stdin is not None:
+            process.stdin.close()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(holder.init_pid, signal.SIGKILL)
+    try:
+        process.wait(timeout=_STOP_GRACE_SEC)
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def _copy_sources(
+    item: Instruction, sources: Sequence[str], context: Path
+) -> tuple[list[tuple[Path, str]], bool]:
+    """COPY/ADD sources matched in the build context: (entries to pack, copy into a folder)."""
+    matches: list[Path] = []
+    for pattern in sources:
+        if "://" in pattern:
+            raise UnsupportedDockerfileError(
+                f"Dockerfile line {item.line}: ADD of a URL ({pattern}) is not supported "
+                "by the local sandbox; put the file in the environment folder"
+            )
+        found = sorted(glob(str(context / pattern)))
+        if not found:
+            raise FileNotFoundError(
+                f"Dockerfile line {item.line}: {item.keyword} source {pattern!r} is not in "
+                f"{context}"
+            )
+        for hit in found:
+            path = Path(os.path.abspath(hit))
+            if path != context and context not in path.parents:
+                raise UnsupportedDockerfileError(
+                    f"Dockerfile line {item.line}: {item.keyword} source {pattern!r} is "
+                    f"outside the environment folder {context}"
+                )
+            matches.append(path)
+    into_dir = len(matches) > 1 or any(p.is_dir() and not p.is_symlink() for p in matches)
+    if not into_dir:
+        return [(matches[0], matches[0].name)], False
+    entries: list[tuple[Path, str]] = []
+    for path in matches:
+        if path.is_dir() and not path.is_symlink():
+            entries += [(child, child.name) for child in sorted(path.iterdir())]
+        else:
+            entries.append((path, path.name))
+    return entries, True
+
+
+def _folder_entries(source: Path, what: str) -> list[tuple[Path, str]]:
+    if not source.is_dir():
+        raise FileNotFoundError(f"{what}: {source} is not a folder")
+    return [(child, child.name) for child in sorted(source.iterdir())]
+
+
+def _save(content: Any, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    content.seek(0)
+    with target.open("wb") as out:
+        shutil.copyfileobj(content, out)
+
+
+def _unpack(archive: Any, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    archive.seek(0)
+    with tarfile.open(fileobj=archive, mode="r:") as tar:
+        tar.extractall(target, filter=_download_filter)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return data.decode(errors="replace") if data else None
+
+
+def _write_tar(archive: Any, entries: Sequence[tuple[Path, str]], mode: str | None) -> None:
+    """Pack host files for upload: symlinks stay symlinks, owners become root."""
+
+    def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        if mode is not None and not info.issym():
+            info.mode = int(mode, 8)
+        return info
+
+    with tarfile.open(fileobj=archive, mode="w:", dereference=False) as tar:
+        for path, name in entries:
+            if not (path.exists() or path.is_symlink()):
+                raise FileNotFoundError(f"upload: {path} does not exist")
+            tar.add(path, arcname=name, recursive=True, filter=owned_by_root)
+
+
+def _download_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo | None:
+    """Python's ``data`` filter, skipping device nodes and FIFOs instead of failing."""
+    if member.isdev():
+        return None
+    try:
+        return tarfile.data_filter(member, dest_path)
+    except tarfile.FilterError:
+        return None  # a link that points out of the folder: dropped, never followed
