@@ -410,3 +410,30 @@ def test_bad_forward_endpoints_are_refused_by_value():
         sandbox_module.parse_endpoint("not-an-endpoint")
     with pytest.raises(ValueError, match="1-65535"):
         sandbox_module.parse_endpoint(("127.0.0.1", 70000))
+
+
+@pytest.mark.parametrize(("answer", "reward"), [("42", 1.0), ("41", 0.0)])
+async def test_a_harbor_oracle_trial_runs_in_the_sandbox(
+    tmp_path: Path, task_builder: Callable[..., Path], answer: str, reward: float
+):
+    from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
+    from harbor.trial.trial import Trial
+
+    task = task_builder(
+        solve_sh=f"#!/bin/bash\necho {answer} > /app/answer.txt\n", network_mode="no-network"
+    )
+    config = TrialConfig(
+        task=TaskConfig(path=task),
+        agent=AgentConfig(name="oracle"),
+        environment=TrialEnvironmentConfig(
+            import_path=SANDBOX_IMPORT_PATH, kwargs={"state_dir": str(tmp_path / "state")}
+        ),
+        trials_dir=tmp_path / "trials",
+    )
+
+    result = await (await Trial.create(config)).run()
+
+    assert result.exception_info is None
+    assert result.verifier_result is not None
+    assert result.verifier_result.rewards == {"reward": reward}
+    assert list((tmp_path / "state").iterdir()) == []
