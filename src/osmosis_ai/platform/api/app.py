@@ -29,6 +29,7 @@ from osmosis_ai.consts import PACKAGE_VERSION
 from osmosis_ai.platform.api.datasets import resume_processing
 from osmosis_ai.platform.api.deps import Platform
 from osmosis_ai.platform.api.errors import install_error_handlers
+from osmosis_ai.platform.api.inference import start_serving, stop_serving
 from osmosis_ai.platform.api.objects import mount_objects
 from osmosis_ai.platform.api.version import VersionSignalMiddleware
 from osmosis_ai.platform.settings import PlatformSettings
@@ -46,6 +47,7 @@ ROUTERS: tuple[str, ...] = (
     "osmosis_ai.platform.api.models",
     "osmosis_ai.platform.api.runs",
     "osmosis_ai.platform.api.training_results",
+    "osmosis_ai.platform.api.inference",
     "osmosis_ai.platform.web.device",
 )
 
@@ -68,9 +70,11 @@ def create_platform_app(
     async def lifespan(app: FastAPI) -> AsyncGenerator[None]:
         # Datasets a stopped server left half-processed finish in a thread, not at start-up.
         resumed = asyncio.get_running_loop().run_in_executor(None, resume_processing, platform)
+        await start_serving(platform)  # servers of the models still deployed start again
         try:
             yield
         finally:
+            await stop_serving(platform)
             await resumed
             if owned:
                 db.dispose()

@@ -178,4 +178,4 @@ def training_run_names(session: Session, models: Sequence[Model]) -> dict[str, s
     if not ids:
         return {}
     rows = session.execute(select(Run.id, Run.name).where(Run.id.in_(ids)))
-    return {run_id: name for run_id, name in rows.tuples()}
+    return {run_id: name for run_id, name in rows}
