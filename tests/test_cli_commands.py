@@ -201,5 +201,5 @@ def test_doctor_conflict_is_reported(capsys, tmp_path):
 
 def test_placeholder_envelopes(capsys, tmp_path):
     golden("eval_run_pending", invoke(capsys, "eval", "run", "c.toml", "--json"), tmp_path)
-    golden("train_list_platform", invoke(capsys, "train", "list", "--json"), tmp_path)
+    golden("benchmark_list_platform", invoke(capsys, "benchmark", "list", "--json"), tmp_path)
     golden("unknown_command", invoke(capsys, "datset", "--json"), tmp_path)
