@@ -46,6 +46,7 @@ ROUTERS: tuple[str, ...] = (
     "osmosis_ai.platform.api.secrets",
     "osmosis_ai.platform.api.models",
     "osmosis_ai.platform.api.runs",
+    "osmosis_ai.platform.api.eval_results",
     "osmosis_ai.platform.api.training_results",
     "osmosis_ai.platform.api.inference",
     "osmosis_ai.platform.web.device",

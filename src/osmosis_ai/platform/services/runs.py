@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import secrets as random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -336,6 +336,11 @@ def _free_name(session: Session, workspace_id: str) -> str:
 
 def _bound(run_id: str) -> str:
     return f"run/{run_id}/secrets"
+
+
+def seal_secrets(box: SecretBox, run_id: str, values: Mapping[str, str]) -> str | None:
+    """Seal the values given for a run's secrets (``None`` when there are none)."""
+    return box.encrypt(json.dumps(dict(values)), bound_to=_bound(run_id)) if values else None
 
 
 def run_secret_values(session: Session, run: Run, *, box: SecretBox) -> dict[str, str]:
