@@ -17,6 +17,9 @@ Harbor itself is imported only when a backend is constructed (Python 3.12+ with 
 ``harbor`` extra).
 """
 
+# Harbor needs Python 3.12+, so type checks on 3.11 run without it installed.
+# pyright: reportMissingImports=false
+
 from __future__ import annotations
 
 import asyncio
@@ -451,7 +454,7 @@ class HarborBackend(ExecutionBackend):
                 trials_dir=self.scratch_root / "prewarm",
                 install_only=True,
                 agent=self._agent_config(None, "", "", None, None),
-                environment=self._environment_config("", path),
+                environment=self._environment_config(""),
             )
             result = await self.orchestrator.submit(config)
             info = result.exception_info
@@ -546,7 +549,11 @@ class HarborBackend(ExecutionBackend):
             task = TaskConfig(**source.remote)
             env_mode = agent_mode = "public"
         model = str(metadata.get("harbor_model") or self.model_name)
-        agent = self._agent_config(request, chat_url, model, api_key, agent_mode)
+        # An allowlisted agent phase that differs from the environment's baseline gets the
+        # model host itself; otherwise the baseline carries it (see _environment_config).
+        agent = self._agent_config(
+            request, chat_url, model, api_key, agent_mode if agent_mode != env_mode else None
+        )
         verifier = VerifierConfig()
         if request.grader_timeout_sec is not None:
             verifier = VerifierConfig(override_timeout_sec=request.grader_timeout_sec)
@@ -555,7 +562,7 @@ class HarborBackend(ExecutionBackend):
             trial_name=trial_name,
             trials_dir=self.trials_dir,
             agent=agent,
-            environment=self._environment_config(chat_url, None, env_mode),
+            environment=self._environment_config(chat_url, env_mode),
             verifier=verifier,
         )
         secrets = [api_key] if api_key else []
@@ -680,12 +687,13 @@ class HarborBackend(ExecutionBackend):
             **common,
         )
 
-    def _environment_config(self, chat_url: str, task: Path | None, env_mode: str = "") -> Any:
-        del task, env_mode
-        if self.environment_config is not None:
-            config = self.environment_config.model_copy(deep=True)
-        else:
-            config = _default_environment()
+    def _environment_config(self, chat_url: str, env_mode: str = "") -> Any:
+        config = self._base_environment().model_copy(deep=True)
+        host = urlsplit(chat_url).hostname if chat_url else None
+        if env_mode == "allowlist" and host:
+            # The model endpoint is the one host an allowlisted task must reach; a
+            # no-network task is never loosened (the sandbox forwards the endpoint instead).
+            config.extra_allowed_hosts = [*config.extra_allowed_hosts, host]
         if config.import_path and config.import_path.startswith(SANDBOX_MODULE) and chat_url:
             config.kwargs = _with_forwarded_endpoint(dict(config.kwargs), chat_url)
         return config
@@ -843,10 +851,15 @@ class HarborBackend(ExecutionBackend):
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _base_environment(self) -> Any:
+        """The user's ``environment_config``, else the default (chosen once: asking
+        whether a Docker engine answers takes a subprocess)."""
+        if self.environment_config is None:
+            self.environment_config = _default_environment()
+        return self.environment_config
+
     def _in_sandbox(self) -> bool:
-        config = self.environment_config
-        if config is None:
-            config = _default_environment()
+        config = self._base_environment()
         return bool(config.import_path and config.import_path.startswith(SANDBOX_MODULE))
 
     def _runner_python(self) -> str:
@@ -977,14 +990,10 @@ def _check_orchestrator(orchestrator: Any) -> None:
 
 
 def _default_environment() -> Any:
-    from harbor.models.trial.config import EnvironmentConfig
+    """Harbor's ``docker`` where a Docker engine answers, else the bubblewrap sandbox."""
+    from osmosis_ai.rollout.backend.harbor.sandbox import default_environment_config
 
-    try:
-        from osmosis_ai.rollout.backend.harbor import sandbox
-    except ImportError:
-        return EnvironmentConfig()
-    chooser = getattr(sandbox, "default_environment_config", None)
-    return chooser() if chooser is not None else EnvironmentConfig()
+    return default_environment_config()
 
 
 def _with_forwarded_endpoint(kwargs: dict[str, Any], chat_url: str) -> dict[str, Any]:
