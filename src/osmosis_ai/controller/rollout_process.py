@@ -7,6 +7,12 @@ already installed here, the current interpreter runs it (fast path); otherwise u
 an isolated environment from ``rollouts/<name>/pyproject.toml``. The server counts as up
 once ``/health`` answers with our instance id.
 
+With ``OSMOSIS_ROLLOUT_ENV_CACHE`` set (a platform worker sets it), the uv environment lives
+under that folder, named by a hash of the rollout's ``pyproject.toml``, ``uv.lock`` and
+``.python-version``, so runs of the same rollout share one environment; it is built under a
+file lock, so two runs never build it at once. Without it, uv keeps the environment in the
+rollout folder as before.
+
 :meth:`RolloutServerProcess.spawn` returns as soon as the child exists, so that a controller
 can do its own start-up while the server boots, then :meth:`~RolloutServerProcess.wait_ready`;
 :meth:`~RolloutServerProcess.start` is both. httpx and packaging load only when needed.
@@ -15,6 +21,8 @@ can do its own start-up while the server boots, then :meth:`~RolloutServerProces
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -26,7 +34,7 @@ import time
 import tomllib
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -41,6 +49,9 @@ ARTIFACT_ROOT_ENV = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
 INSTANCE_ID_ENV = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
 INSTANCE_HEADER = "x-osmosis-rollout-instance-id"
 RESERVED_ENV = (PORT_ENV, ARTIFACT_ROOT_ENV, INSTANCE_ID_ENV)
+ENV_CACHE_ENV = "OSMOSIS_ROLLOUT_ENV_CACHE"
+UV_ENV = "UV_PROJECT_ENVIRONMENT"
+LOCK_FILES = ("pyproject.toml", "uv.lock", ".python-version")
 _POLL_SEC = 0.02  # /health polling: the first dispatch waits on it
 
 
@@ -107,6 +118,17 @@ def _installed(requirement: Requirement) -> bool:
     return True
 
 
+def environment_key(rollout_dir: Path) -> str:
+    """The SHA-256 of the rollout's dependency files: equal keys, equal environments."""
+    digest = hashlib.sha256()
+    for name in LOCK_FILES:
+        path = rollout_dir / name
+        digest.update(name.encode() + b"\0")
+        digest.update(path.read_bytes() if path.is_file() else b"-")
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
 class OutputTail:
     """The last lines a child process wrote, for error messages."""
 
@@ -144,6 +166,7 @@ class RolloutServerProcess:
     _reader: threading.Thread | None = None
     _tail: OutputTail = field(default_factory=OutputTail)
     _command: list[str] | None = field(default=None, init=False)
+    _uv_environment: Path | None = field(default=None, init=False)
     _port_given: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -179,6 +202,9 @@ class RolloutServerProcess:
                 "environment: pip install uv, or pip install the missing packages here"
             )
         self.isolated = True
+        cache = self.env.get(ENV_CACHE_ENV) or os.environ.get(ENV_CACHE_ENV)
+        if cache:
+            self._uv_environment = Path(cache) / environment_key(self.rollout_dir)
         return [uv, "run", "--project", str(self.rollout_dir), "python", str(self.entrypoint)]
 
     def sync(self) -> None:
@@ -186,12 +212,14 @@ class RolloutServerProcess:
         command = self.command()
         if not self.isolated:
             return
-        result = subprocess.run(
-            [command[0], "sync", "--project", str(self.rollout_dir)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        with self._environment_lock():
+            result = subprocess.run(
+                [command[0], "sync", "--project", str(self.rollout_dir)],
+                capture_output=True,
+                text=True,
+                check=False,
+                env=self._uv_env({**os.environ}),
+            )
         if self.on_output is not None:
             self.on_output(result.stdout + result.stderr)
         if result.returncode != 0:
@@ -199,6 +227,30 @@ class RolloutServerProcess:
                 f"uv sync failed for rollouts/{self.rollout_dir.name} (exit {result.returncode}): "
                 f"{(result.stderr or result.stdout).strip()[-2000:]}"
             )
+
+    @property
+    def uv_environment(self) -> Path | None:
+        """The shared uv environment this rollout runs in (``None``: uv's own choice)."""
+        return self._uv_environment
+
+    def _uv_env(self, env: dict[str, str]) -> dict[str, str]:
+        if self._uv_environment is not None:
+            env[UV_ENV] = str(self._uv_environment)
+        return env
+
+    @contextlib.contextmanager
+    def _environment_lock(self) -> Generator[None]:
+        if self._uv_environment is None:
+            yield
+            return
+        self._uv_environment.parent.mkdir(parents=True, exist_ok=True)
+        lock = self._uv_environment.with_name(self._uv_environment.name + ".lock")
+        with lock.open("a") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     def start(self) -> RolloutServerProcess:
         """Spawn the server and wait until ``/health`` answers with our instance id."""
@@ -243,6 +295,7 @@ class RolloutServerProcess:
         env = {**os.environ, **self.env}
         if self.isolated:
             env.pop("VIRTUAL_ENV", None)  # uv picks the rollout's own environment
+            self._uv_env(env)
         env.update(
             {
                 PORT_ENV: str(self.port),

@@ -1,0 +1,159 @@
+"""Checking out a run's code: the workspace repository at the run's commit, from the mirror.
+
+The platform keeps a bare mirror of each workspace repository under the data dir
+(:mod:`osmosis_ai.platform.gitsync`). A run's checkout is a clone of that mirror (a local
+clone: objects are hard-linked, nothing crosses the network) at ``<work_dir>/checkout``,
+with the commit checked out detached. A checkout already at the commit is reused (its
+tracked files reset); one at another commit is replaced. The mirror is fetched first only
+when it lacks the commit. The checkout's ``origin`` is the mirror's path, so the clone URL
+and any credentials in it are never written into the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from osmosis_ai.platform import gitsync
+from osmosis_ai.platform.errors import NotFound
+from osmosis_ai.platform.settings import PlatformSettings
+from osmosis_ai.platform.store.database import Database
+from osmosis_ai.platform.store.orm import Workspace
+
+CHECKOUT_DIR = "checkout"
+
+
+class CommitNotFound(NotFound):
+    """The run's commit is in neither the mirror nor the repository it mirrors."""
+
+    default_code = "COMMIT_NOT_FOUND"
+
+
+@dataclass(frozen=True)
+class Checkout:
+    path: Path
+    commit_sha: str
+    reused: bool  # an earlier attempt's checkout at the same commit
+    fetched: bool  # the mirror lacked the commit and was fetched
+
+
+def checkout_run(
+    database: Database,
+    settings: PlatformSettings,
+    *,
+    workspace_id: str,
+    commit_sha: str,
+    work_dir: Path,
+    timeout: float = gitsync.GIT_TIMEOUT_S,
+) -> Checkout:
+    """``<work_dir>/checkout`` at ``commit_sha`` of the workspace repository."""
+    target = work_dir / CHECKOUT_DIR
+    if _head(target) == commit_sha:
+        _git(target, "reset", "--hard", "--quiet", timeout=timeout)
+        return Checkout(target, commit_sha, reused=True, fetched=False)
+    mirror = gitsync.mirror_path(settings.mirrors_dir, workspace_id)
+    fetched = False
+    with gitsync.mirror_lock(mirror):
+        if not _has_commit(mirror, commit_sha):
+            gitsync.fetch(_clone_url(database, workspace_id), mirror, timeout=timeout)
+            fetched = True
+            if not _has_commit(mirror, commit_sha):
+                raise CommitNotFound(
+                    f"The commit {commit_sha} is no longer in the workspace repository (was it "
+                    "force-pushed away?): submit the run again at a commit that exists.",
+                    details={"commit_sha": commit_sha},
+                )
+        partial = target.with_name(CHECKOUT_DIR + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        # A local clone copies the mirror's objects (hard links), so even a commit no branch
+        # points at any more is there to check out.
+        _git(
+            None,
+            "clone",
+            "--no-checkout",
+            "--quiet",
+            "--",
+            str(mirror),
+            str(partial),
+            timeout=timeout,
+        )
+    try:
+        _git(partial, "checkout", "--quiet", "--detach", commit_sha, timeout=timeout)
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return Checkout(target, commit_sha, reused=False, fetched=fetched)
+
+
+def _clone_url(database: Database, workspace_id: str) -> str:
+    with database.read() as session:
+        workspace = session.get(Workspace, workspace_id)
+        if workspace is None:
+            raise NotFound(
+                f"No workspace with id {workspace_id!r}: it was deleted while the run waited.",
+                code="WORKSPACE_NOT_FOUND",
+            )
+        return workspace.clone_url
+
+
+def _head(checkout: Path) -> str | None:
+    if not (checkout / ".git").is_dir():
+        return None
+    done = _run(["git", "-C", str(checkout), "rev-parse", "--verify", "--quiet", "HEAD"], 30.0)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def _has_commit(mirror: Path, commit_sha: str) -> bool:
+    if not (mirror / "HEAD").exists():
+        return False
+    return gitsync.object_type(mirror, commit_sha) == "commit"
+
+
+def _git(
+    cwd: Path | None, *args: str, timeout: float = gitsync.GIT_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    command = ["git", *([] if cwd is None else ["-C", str(cwd)]), *args]
+    done = _run(command, timeout)
+    if done.returncode != 0:
+        output = gitsync.redact((done.stderr or done.stdout).strip())[-1000:]
+        raise gitsync.GitSyncFailed(
+            f"git {args[0]} failed while checking out the run's code (exit "
+            f"{done.returncode}): {output}",
+            details={"command": args[0], "exit_code": done.returncode},
+        )
+    return done
+
+
+def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ASKPASS": "echo",
+        "SSH_ASKPASS": "echo",
+        "LC_ALL": "C",
+    }
+    try:
+        return subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise gitsync.GitSyncFailed(
+            f"git {command[3] if command[1] == '-C' else command[1]} took longer than "
+            f"{timeout:.0f} s while checking out the run's code and was stopped."
+        ) from None
+    except FileNotFoundError:
+        raise gitsync.GitSyncFailed(
+            "git is not installed on the worker's machine: install git.",
+            code="GIT_NOT_INSTALLED",
+        ) from None

@@ -1,0 +1,327 @@
+"""One attempt of one run, in its own process: ``python -m osmosis_ai.platform.worker.execute
+SPEC.json``.
+
+The worker (:mod:`osmosis_ai.platform.worker.runner`) starts this process in a session of
+its own, with its stdin a pipe it never writes to. The process:
+
+1. reads the spec (:class:`RunSpec`), opens the database and the object store, and reports
+   through a :class:`~osmosis_ai.platform.worker.report.RunReporter` fenced by the attempt;
+2. checks the code out (:mod:`~osmosis_ai.platform.worker.checkout`), resolves the run's
+   secrets and ``[env]``, and builds the :class:`~osmosis_ai.platform.worker.job.JobContext`;
+3. calls the job (``eval_job.execute`` or ``train_job.execute``, or the spec's ``job``),
+   which ends the run itself. An error it raises ends the run ``failed`` (eval) or
+   ``crashed`` (training) with the redacted traceback in the run's logs.
+
+Signals and the worker: SIGTERM sets ``ctx.stop`` (the job stops its rollout server and
+returns). SIGUSR1 (sent just before SIGTERM) means the worker is shutting down: the run is
+then not ended but handed back, so another worker resumes it. End of file on stdin means the
+worker died: this process kills everything it started and itself, and the run's lease runs out.
+The platform's own settings (``OSMOSIS_PLATFORM_*``: database URL, secret key) are removed
+from this process's environment before any run code starts, so a rollout never sees them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from osmosis_ai.controller.rollout_process import ENV_CACHE_ENV
+from osmosis_ai.eval.logs import Redactor
+from osmosis_ai.platform import gitsync
+from osmosis_ai.platform.crypto import SecretBox, secret_key
+from osmosis_ai.platform.objects import ObjectStore
+from osmosis_ai.platform.services.runs import TERMINAL, run_secret_values
+from osmosis_ai.platform.services.work import LeaseLost
+from osmosis_ai.platform.settings import PlatformSettings, load_settings
+from osmosis_ai.platform.store.database import open_database
+from osmosis_ai.platform.store.orm import Run
+from osmosis_ai.platform.worker.checkout import checkout_run
+from osmosis_ai.platform.worker.job import JobContext
+from osmosis_ai.platform.worker.processes import kill_descendants
+from osmosis_ai.platform.worker.report import RunReporter
+
+DEFAULT_JOBS: Mapping[str, str] = {
+    "eval": "osmosis_ai.platform.worker.eval_job:execute",
+    "training": "osmosis_ai.platform.worker.train_job:execute",
+}
+RELEASE_SIGNAL = signal.SIGUSR1
+PLATFORM_ENV_PREFIX = "OSMOSIS_PLATFORM_"
+ENVS_DIR = "envs"
+TRACEBACK_CHARS = 6000
+EXIT_LEASE_LOST = 3
+EXIT_FAILED = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the worker tells the process executing one attempt (written as JSON, mode 600:
+    the database URL may hold a password)."""
+
+    run_id: str
+    kind: str
+    worker_id: str
+    attempt: int
+    resumed: bool
+    data_dir: str
+    database_url: str
+    public_url: str
+    work_dir: str
+    job: str
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(asdict(self), handle, indent=2)
+
+    @classmethod
+    def read(cls, path: Path) -> RunSpec:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return cls(**data)
+
+
+def work_dir_of(data_dir: Path, run_id: str) -> Path:
+    """A run's persistent folder on this machine."""
+    return data_dir / "work" / "runs" / run_id
+
+
+def load_job(path: str) -> Callable[[JobContext], None]:
+    """The function ``module:name`` names."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"job {path!r} is not module:function, e.g. package.module:execute")
+    module = importlib.import_module(module_name)
+    job = getattr(module, attribute, None)
+    if not callable(job):
+        raise ValueError(f"{module_name} has no function {attribute!r}")
+    return cast("Callable[[JobContext], None]", job)
+
+
+class AttemptReporter(RunReporter):
+    """The reporter the job is given: once the worker asked for the run back (SIGUSR1),
+    ending the run other than ``finished`` hands it back instead (the worker releases it)."""
+
+    def __init__(self, *args: Any, releasing: threading.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.releasing = releasing
+
+    def end(self, status: str, *, error: str | None = None, message: str | None = None) -> None:
+        if self.releasing.is_set() and status != "finished":
+            self.log(
+                "Stopped for a worker shutting down: another worker resumes the run",
+                step="worker",
+            )
+            return
+        super().end(status, error=error, message=message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m osmosis_ai.platform.worker.execute SPEC.json", file=sys.stderr)
+        return 2
+    spec = RunSpec.read(Path(args[0]))
+    stop = threading.Event()
+    releasing = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+
+    def release(signum: int, frame: object) -> None:
+        releasing.set()
+        stop.set()
+
+    signal.signal(RELEASE_SIGNAL, release)
+    threading.Thread(target=_watch_worker, name="worker-watch", daemon=True).start()
+    try:
+        return _execute(spec, stop, releasing)
+    finally:
+        kill_descendants()  # nothing this attempt started outlives it
+
+
+def _watch_worker() -> None:
+    """Wait for the end of stdin: the worker died (or closed it after this process ended)."""
+    with contextlib.suppress(OSError, ValueError):
+        while sys.stdin.buffer.read(4096):
+            pass
+    with contextlib.suppress(OSError):  # the worker read our output: likely gone too
+        os.write(2, b"the worker is gone: stopping this run's processes\n")
+    try:
+        kill_descendants()
+    finally:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _execute(spec: RunSpec, stop: threading.Event, releasing: threading.Event) -> int:
+    settings = load_settings(
+        data_dir=spec.data_dir, database_url=spec.database_url, public_url=spec.public_url
+    )
+    box = SecretBox(secret_key(settings.data_dir))
+    for name in [n for n in os.environ if n.startswith(PLATFORM_ENV_PREFIX)]:
+        del os.environ[name]
+    database = open_database(settings, migrate=False)
+    reporter = AttemptReporter(
+        database,
+        ObjectStore(settings.objects_dir),
+        run_id=spec.run_id,
+        worker_id=spec.worker_id,
+        attempt=spec.attempt,
+        releasing=releasing,
+    )
+    redactor = Redactor()
+    phase = "setup"
+    try:
+        run = reporter.run()
+        phase = "checkout"
+        checkout = _checkout(spec, settings, reporter, run)
+        phase = "environment"
+        ctx = _context(
+            spec, settings, reporter, run, checkout, box=box, redactor=redactor, stop=stop
+        )
+        if stop.is_set():
+            reporter.end("stopped", message=f"Stopped during {phase}, before the job started")
+            return 0
+        job = load_job(spec.job)
+        phase = "run"
+        job(ctx)
+        _after_job(reporter, spec, stop)
+        return 0
+    except LeaseLost as exc:
+        print(f"run {spec.run_id}: {exc}", file=sys.stderr)
+        return EXIT_LEASE_LOST
+    except BaseException as exc:
+        _fail(reporter, spec, phase, exc, redactor=redactor, stop=stop)
+        return 0 if stop.is_set() else EXIT_FAILED
+    finally:
+        database.dispose()
+
+
+def _checkout(spec: RunSpec, settings: PlatformSettings, reporter: RunReporter, run: Run) -> Path:
+    work_dir = Path(spec.work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    how = f"resuming after a lost worker (attempt {spec.attempt})" if spec.resumed else "new"
+    reporter.log(
+        f"Preparing the run on {socket.gethostname()} (pid {os.getpid()}, {how})",
+        step="setup",
+        details={"attempt": spec.attempt, "work_dir": str(work_dir)},
+    )
+    checkout = checkout_run(
+        reporter.database,
+        settings,
+        workspace_id=run.workspace_id,
+        commit_sha=run.commit_sha,
+        work_dir=work_dir,
+    )
+    where = "reused the checkout at" if checkout.reused else "checked out"
+    fetched = " (fetched the repository first)" if checkout.fetched else ""
+    reporter.log(
+        f"Code: {where} {run.commit_sha[:12]}{fetched}, rollout {run.rollout_name} "
+        f"({run.entrypoint})",
+        step="checkout",
+        details={"commit_sha": run.commit_sha, "path": str(checkout.path)},
+    )
+    return checkout.path
+
+
+def _context(
+    spec: RunSpec,
+    settings: PlatformSettings,
+    reporter: RunReporter,
+    run: Run,
+    checkout: Path,
+    *,
+    box: SecretBox,
+    redactor: Redactor,
+    stop: threading.Event,
+) -> JobContext:
+    """The job's context: the environment is this process's (less ``VIRTUAL_ENV``), then the
+    run's ``[env]``, then its secrets."""
+    with reporter.database.read() as session:
+        secrets = run_secret_values(session, run, box=box)
+    redactor.add(*secrets.values())
+    env = dict(run.env_config or {})
+    reporter.log(
+        f"Environment: [env] sets {_names(env)}; secrets {_names(secrets)} (values hidden)",
+        step="environment",
+        details={"env": sorted(env), "secrets": sorted(secrets)},
+    )
+    # uv environments of isolated rollouts are shared by every run on this machine, keyed
+    # by the rollout's lock files (see controller/rollout_process.py).
+    os.environ[ENV_CACHE_ENV] = str(Path(spec.data_dir) / ENVS_DIR)
+    inherited = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    values = tuple(sorted({v for v in secrets.values() if v}, key=len, reverse=True))
+    return JobContext(
+        settings=settings,
+        run=run,
+        attempt=spec.attempt,
+        resumed=spec.resumed,
+        checkout=checkout,
+        work_dir=Path(spec.work_dir),
+        environ={**inherited, **env, **secrets},
+        secret_values=values,
+        reporter=reporter,
+        stop=stop,
+    )
+
+
+def _after_job(reporter: RunReporter, spec: RunSpec, stop: threading.Event) -> None:
+    """A job returned: a run it left open is stopped (if asked to) or failed."""
+    with contextlib.suppress(LeaseLost):
+        run = reporter.run()
+        if run.status in TERMINAL[run.kind]:
+            return
+        if stop.is_set():
+            reporter.end("stopped", message="Stopped")
+            return
+        problem = "The run's job returned without ending the run"
+        reporter.end(_failed(spec), error=problem, message=problem)
+
+
+def _fail(
+    reporter: RunReporter,
+    spec: RunSpec,
+    phase: str,
+    exc: BaseException,
+    *,
+    redactor: Redactor,
+    stop: threading.Event,
+) -> None:
+    """End the run after ``exc``: stopped if a stop was asked for, else failed/crashed, with
+    the redacted traceback in its logs."""
+
+    def clean(text: str) -> str:
+        return gitsync.redact(redactor.redact(text))
+
+    error = clean(f"{type(exc).__name__}: {exc}")
+    trace = clean("".join(traceback.format_exception(exc)))[-TRACEBACK_CHARS:]
+    print(trace, file=sys.stderr)
+    try:
+        if stop.is_set():
+            reporter.log(trace, step=phase, level="warning")
+            reporter.end("stopped", message=f"Stopped during {phase}")
+            return
+        reporter.log(trace, step=phase, level="error")
+        reporter.end(_failed(spec), error=error, message=f"The run failed during {phase}: {error}")
+    except LeaseLost as lost:
+        print(f"run {spec.run_id}: {lost}", file=sys.stderr)
+
+
+def _failed(spec: RunSpec) -> str:
+    return "failed" if spec.kind == "eval" else "crashed"
+
+
+def _names(values: Mapping[str, str]) -> str:
+    return ", ".join(sorted(values)) if values else "nothing"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
