@@ -626,10 +626,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
         try:
             await asyncio.to_thread(self._start_holder)
             await self._start_forwarding()
-            await self._apply_dockerfile()
-            dirs = self._writable_mount_targets()
-            if dirs:
-                await self._checked(f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)}", "root")
+            pending = await self._apply_dockerfile()
+            await self._make_dirs([*pending, *self._unbound_mount_targets()])
         except BaseException:
             await self._teardown()
             raise
@@ -675,6 +673,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 env=self._command_env(None),
                 timeout_sec=None,
                 user="root",
+                shell="/bin/sh",
                 stdout=content,
             )
             if result.return_code != 0:
@@ -692,6 +691,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 env=self._command_env(None),
                 timeout_sec=None,
                 user="root",
+                shell="/bin/sh",
                 stdout=archive,
             )
             if result.return_code != 0:
@@ -703,10 +703,16 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     # -- setup --
 
-    def _writable_mount_targets(self) -> list[str]:
+    def _unbound_mount_targets(self) -> list[str]:
+        """Harbor's output folders that are not bound to the host (bwrap makes the rest)."""
         mounts: list[dict[str, Any]] = list(getattr(self, "_mounts", None) or [])
         targets = [str(m["target"]) for m in mounts if not m.get("read_only")]
-        return targets or list(_DEFAULT_LOG_DIRS)
+        bound = {str(m["target"]) for m in self._host_mount_list()}
+        return [t for t in targets or _DEFAULT_LOG_DIRS if t not in bound]
+
+    async def _make_dirs(self, dirs: Sequence[str]) -> None:
+        if dirs:
+            await self._checked(f"mkdir -p -- {' '.join(shlex.quote(d) for d in dirs)}", "root")
 
     def _host_mount_list(self) -> list[dict[str, Any]]:
         mounts = getattr(self, "_host_mounts", None)
@@ -819,8 +825,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._forwarder = _Forwarder()
         await self._forwarder.start(sockets, routes)
 
-    async def _apply_dockerfile(self) -> None:
+    async def _apply_dockerfile(self) -> list[str]:
+        """Apply the Dockerfile; returns WORKDIR folders still to create (one exec for all)."""
         state = self._build
+        pending: list[str] = []
         context = await asyncio.to_thread(Path(self.environment_dir).resolve)
         for item in self._instructions:
             keyword = item.keyword
@@ -835,11 +843,13 @@ class LocalSandboxEnvironment(BaseEnvironment):
                     state.env[name] = _expand(value, {**state.variables, **state.env})
             elif keyword == "WORKDIR":
                 state.workdir = str(PurePosixPath(state.workdir) / args.strip())
-                await self._checked(f"mkdir -p {shlex.quote(state.workdir)}", "root")
+                pending.append(state.workdir)
             elif keyword == "USER":
                 name = args.strip().split(":")[0]
                 state.user = None if name in ("root", "0") else name
             elif keyword == "RUN":
+                await self._make_dirs(pending)
+                pending = []
                 words = _split_words(item.args)
                 command = shlex.join(words) if item.args.startswith("[") else item.args
                 env = self._command_env({**state.variables, **state.env}, include_build=False)
@@ -859,6 +869,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
                     )
             else:  # COPY / ADD
                 await self._copy(item, args, context)
+        return pending
 
     async def _copy(self, item: Instruction, args: str, context: Path) -> None:
         words = _split_words(args)
@@ -894,7 +905,12 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def _checked(self, command: str, user: str | None) -> None:
         result = await self._run(
-            command, cwd="/", env=self._command_env(None), timeout_sec=60, user=user
+            command,
+            cwd="/",
+            env=self._command_env(None),
+            timeout_sec=60,
+            user=user,
+            shell="/bin/sh",
         )
         if result.return_code != 0:
             raise SandboxError(
@@ -985,6 +1001,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 env=self._command_env(None),
                 timeout_sec=None,
                 user="root",
+                shell="/bin/sh",
                 stdin=archive,
             )
         if result.return_code != 0:

@@ -1,0 +1,180 @@
+"""Trial overhead of the local Harbor sandbox: start + stop with no agent work.
+
+Measures, over N sequential trials of a minimal task (``FROM ubuntu`` + ``WORKDIR /app``):
+
+* ``sandbox``: :class:`LocalSandboxEnvironment` start + one ``true`` exec + stop (ms p50/p95),
+  for the ``public`` and ``no-network`` (with one forwarded endpoint) policies;
+* ``docker``: Harbor's own ``docker`` environment on the same task, in the same run, where
+  a Docker engine answers (else it says why the baseline is missing);
+* ``concurrent``: 8 sandboxes started, used and stopped at once, K rounds; errors counted.
+
+Target: sandbox p50 <= 150 ms. Needs Python >= 3.12 with the harbor extra, Linux, root and
+bubblewrap: ``.venv-harbor/bin/python bench/harbor_sandbox.py [--trials 30]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+TARGET_P50_MS = 150.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def write_task(root: Path) -> Path:
+    task = root / "bench-task"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text(
+        'version = "1.0"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n'
+    )
+    (task / "instruction.md").write_text("Nothing to do.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
+    test_sh = task / "tests" / "test.sh"
+    test_sh.write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    test_sh.chmod(0o755)
+    return task
+
+
+def make_env(kind: str, task_dir: Path, work: Path, **kwargs: Any) -> Any:
+    from harbor.environments.factory import EnvironmentFactory
+    from harbor.models.environment_type import EnvironmentType
+    from harbor.models.task.task import Task
+    from harbor.models.trial.config import EnvironmentConfig
+    from harbor.models.trial.paths import TrialPaths
+
+    from osmosis_ai.rollout.backend.harbor.sandbox import SANDBOX_IMPORT_PATH
+
+    task = Task(task_dir)
+    policy = kwargs.pop("network_policy", None)
+    name = uuid.uuid4().hex[:8]
+    paths = TrialPaths(work / "trials" / name)
+    paths.mkdir()
+    if kind == "docker":
+        config = EnvironmentConfig(type=EnvironmentType.DOCKER)
+    else:
+        config = EnvironmentConfig(import_path=SANDBOX_IMPORT_PATH, kwargs=kwargs)
+    return EnvironmentFactory.create_environment_from_config(
+        config,
+        environment_dir=task.paths.environment_dir,
+        environment_name="bench-task",
+        session_id=f"bench-{name}__env",
+        trial_paths=paths,
+        task_env_config=task.config.environment,
+        **({"network_policy": policy} if policy is not None else {}),
+    )
+
+
+async def one_trial(kind: str, task_dir: Path, work: Path, **kwargs: Any) -> float:
+    env = make_env(kind, task_dir, work, **kwargs)
+    started = time.perf_counter()
+    await env.start(force_build=False)
+    try:
+        result = await env.exec("true")
+        if result.return_code != 0:
+            raise RuntimeError(f"exec failed in {kind}: {result}")
+    finally:
+        await env.stop(delete=True)
+    return (time.perf_counter() - started) * 1000
+
+
+async def series(label: str, kind: str, n: int, task_dir: Path, work: Path, **kwargs: Any) -> None:
+    await one_trial(kind, task_dir, work, **dict(kwargs))  # warm-up, not counted
+    times = [await one_trial(kind, task_dir, work, **dict(kwargs)) for _ in range(n)]
+    p50, p95 = statistics.median(times), percentile(times, 0.95)
+    print(f"{label:<28} n={n:<4} p50={p50:7.1f} ms  p95={p95:7.1f} ms  max={max(times):7.1f} ms")
+    if kind == "sandbox" and label.startswith("sandbox public"):
+        verdict = "met" if p50 <= TARGET_P50_MS else "MISSED"
+        print(f"{'':<28} target p50 <= {TARGET_P50_MS:.0f} ms: {verdict}")
+
+
+async def concurrent(rounds: int, width: int, task_dir: Path, work: Path) -> None:
+    errors = 0
+    times: list[float] = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(one_trial("sandbox", task_dir, work) for _ in range(width)), return_exceptions=True
+        )
+        times.append((time.perf_counter() - started) * 1000)
+        for result in results:
+            if isinstance(result, BaseException):
+                errors += 1
+                print(f"  error: {type(result).__name__}: {result}")
+    mounts = await asyncio.to_thread(leftover_mounts)
+    print(
+        f"{'sandbox x' + str(width) + ' concurrent':<28} rounds={rounds} errors={errors} "
+        f"wall p50={statistics.median(times):7.1f} ms per round of {width}; "
+        f"leftover mounts={mounts}"
+    )
+
+
+def leftover_mounts() -> int:
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return sum("osmosis-sandbox" in line for line in lines)
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=30, help="sequential trials per series")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of concurrent sandboxes")
+    parser.add_argument("--width", type=int, default=8, help="sandboxes per concurrent round")
+    args = parser.parse_args()
+
+    if sys.version_info < (3, 12):
+        print("harbor_sandbox: Harbor needs Python >= 3.12; run with .venv-harbor/bin/python")
+        return 2
+    from harbor.models.task.config import NetworkMode, NetworkPolicy
+
+    from osmosis_ai.rollout.backend.harbor.sandbox import (
+        docker_engine_answers,
+        sandbox_missing_reason,
+    )
+
+    if reason := sandbox_missing_reason():
+        print(f"harbor_sandbox: the sandbox cannot run here: {reason}")
+        return 2
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        task_dir = write_task(work)
+        print(f"trial overhead (start + one exec + stop, no agent), {os.cpu_count()} CPUs")
+        await series("sandbox public", "sandbox", args.trials, task_dir, work)
+        await series(
+            "sandbox no-network+forward",
+            "sandbox",
+            args.trials,
+            task_dir,
+            work,
+            network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK),
+            forward_endpoints=["http://127.0.0.1:9/v1"],
+        )
+        if docker_engine_answers():
+            await series(
+                "docker (Harbor's own)", "docker", max(3, args.trials // 5), task_dir, work
+            )
+        else:
+            print(
+                f"{'docker (Harbor own env)':<28} baseline unavailable: "
+                "no Docker engine answers `docker info` here"
+            )
+        await concurrent(args.rounds, args.width, task_dir, work)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))
