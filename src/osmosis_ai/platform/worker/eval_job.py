@@ -35,10 +35,11 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.errors import ConfigError, OsmosisError
 from osmosis_ai.eval.journal import JournalRecord, WorkKey, replay_journal
@@ -333,32 +334,42 @@ class _EvalJob:
         self.forwarder = _Forwarder(self)
         self._main = threading.main_thread().ident
         self._signals = threading.current_thread() is threading.main_thread()
-        self._dispatching = False
+        self._running = True
         self._signalled = False
 
     # -- the run ----------------------------------------------------------------------------
 
-    def execute(self) -> None:
-        reporter = self.ctx.reporter
+    def _prepare(self) -> EvalRunOptions | None:
+        """The options of the run, its journal reconciled; ``None`` when it cannot start."""
         try:
             options = self._options()
             plan = self._reconcile(options)
-            reporter.log(
+            self.ctx.reporter.log(
                 f"Evaluating {len(plan.items)} work items ({len(plan.rows)} of "
                 f"{plan.total_rows} rows x {plan.n})",
                 step="eval",
                 details={"rows": options.rows, "retry_failed": options.retry_failed},
             )
         except LeaseLost:
-            return
+            return None
         except OsmosisError as exc:
             self._end("failed", self._redact(str(exc)))
+            return None
+        return options
+
+    def execute(self) -> None:
+        options = self._prepare()
+        if options is None:
             return
         from osmosis_ai.eval.runner import run_eval
 
+        if self.ctx.stop.is_set():
+            self._end("stopped", None, message="Stopped before the evaluation started")
+            return
         self.forwarder.start()
         result: EvalRunResult | None = None
         interrupted = False
+        saved = _signal_handlers() if self._signals else {}
         try:
             result = run_eval(options, self._on_event)
         except KeyboardInterrupt:  # a second SIGTERM: the run was aborted
@@ -374,7 +385,9 @@ class _EvalJob:
             self._close_forwarder()
             raise
         finally:
-            self._dispatching = False
+            self._running = False
+            for sig, handler in saved.items():  # asyncio leaves the default ones behind
+                signal.signal(sig, handler)
         self._close_forwarder()
         if self.forwarder.lost:
             return
@@ -441,9 +454,7 @@ class _EvalJob:
                 raise _StopRequested("the run was stopped")
         elif isinstance(event, MilestoneEvent):
             self.forwarder.log(LogEntry(self._redact(event.message), step="eval"))
-            if event.message.startswith("running "):
-                self._dispatching = True
-                self.poke()
+            self.poke()
         elif isinstance(event, WarningEvent):
             self.forwarder.log(
                 LogEntry(
@@ -463,7 +474,7 @@ class _EvalJob:
         """Send this process the SIGTERM ``run_eval`` drains on, if its handler is in place."""
         if self._signalled:
             return True
-        if not (self._signals and self._dispatching and _loop_handles(signal.SIGTERM)):
+        if not (self._signals and self._running and _loop_handles(signal.SIGTERM)):
             return False
         self._signalled = True
         assert self._main is not None
@@ -672,6 +683,16 @@ def model_environment(ctx: JobContext) -> dict[str, str]:
         return {}
     found = endpoint(ctx.reporter.database, ctx.run)
     return dict(found) if isinstance(found, Mapping) else {}  # pyright: ignore[reportUnknownArgumentType]
+
+
+def _signal_handlers() -> dict[signal.Signals, Callable[[int, FrameType | None], Any] | int]:
+    """The SIGINT and SIGTERM handlers in place (to put back after ``run_eval``)."""
+    found: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler is not None:
+            found[sig] = handler
+    return found
 
 
 def _loop_handles(sig: signal.Signals) -> bool:
