@@ -1,0 +1,2 @@
+#!/bin/bash
+printf 'hello from harbor\n' > /app/greeting.txt
