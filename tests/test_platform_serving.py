@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import platform_cli_support as support
 from osmosis_ai.platform.objects import ObjectStore
 from osmosis_ai.platform.services import deployments
 from osmosis_ai.platform.services.models import register_base_model
@@ -27,6 +28,7 @@ from osmosis_ai.platform.worker.report import checkpoint_prefix
 
 TEAM = "acme/team"
 OTHER = "acme/other"
+home = support.home
 
 
 # --- rows the way training registers them ------------------------------------------------------
@@ -208,6 +210,51 @@ async def test_v1_refuses_unknown_models_and_callers(harness):
         nameless = await client.post("/v1/chat/completions", json={"messages": []}, headers=auth)
         assert nameless.status_code == 400
         assert (await client.get("/v1/models", headers=auth)).json()["data"] == []
+
+
+def test_cli_model_commands_against_the_platform(capsys, tmp_path, home, monkeypatch):
+    """``osmosis model list|info|deploy|undeploy`` read the fields this platform answers."""
+    from cli_support import invoke
+    from platform_world import running_world
+
+    clone = support.make_workspace(tmp_path / "clone", origin="git@github.com:acme/team.git")
+    monkeypatch.chdir(clone)
+    with running_world(tmp_path / "data") as world:
+        team = world.workspace_ids["team"]
+        run_id = add_training_run(world.database, team, "grpo-cli")
+        add_lora(world.database, team, "grpo-cli-step-3", run_id=run_id, step=3)
+        monkeypatch.setenv("OSMOSIS_PLATFORM_URL", world.url)
+        monkeypatch.setenv("OSMOSIS_TOKEN", world.tokens["alice"])
+        monkeypatch.setenv("OSMOSIS_TOKEN_PLATFORM_URL", world.url)
+
+        def ok(*args: str) -> dict:
+            outcome = invoke(capsys, *args, "--json")
+            assert outcome.code == 0, (args, outcome.err)
+            return json.loads(outcome.out)
+
+        listed = ok("model", "list", "--type", "lora")
+        assert (listed["active_deployments"], listed["max_active_deployments"]) == (0, 4)
+        (item,) = listed["items"]
+        assert item["training_run_name"] == "grpo-cli"
+        assert (item["checkpoint_step"], item["deployment_status"]) == (3, "inactive")
+
+        deployed = ok("model", "deploy", "grpo-cli-step-3")
+        assert deployed["operation"] == "model.deploy"
+        assert deployed["resource"]["status"] == "active"
+        assert ok("model", "deploy", "grpo-cli-step-3")["resource"]["status"] == "active"
+        info = ok("model", "info", "grpo-cli-step-3")["data"]["lora_model"]
+        assert info["deployment_status"] == "active" and info["deployed_by"] == "Alice"
+        assert info["inference_model"] == "grpo-cli-step-3"
+        assert info["inference_base_url"] == f"{world.url}/v1"
+        sections = ok("model", "list")
+        assert sections["active_deployments"] == 1
+        assert sections["lora_models"]["items"][0]["deployment_status"] == "active"
+
+        undeployed = ok("model", "undeploy", "grpo-cli-step-3")
+        assert undeployed["resource"]["status"] == "inactive"
+        missing = invoke(capsys, "model", "deploy", "nope", "--json")
+        assert missing.code == 1
+        assert json.loads(missing.err)["error"]["code"] == "NOT_FOUND"
 
 
 def test_engine_choice(monkeypatch):

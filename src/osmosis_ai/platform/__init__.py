@@ -35,6 +35,10 @@ Layout (server parts need the ``platform`` extra and are imported only when used
     api/wire.py      shared pydantic wire models; a resource's own live in its router
     api/<resource>.py  one router per resource (tokens.py, device.py, workspaces.py,
                      rollouts.py, runs.py for /api/cli/eval-runs and training-runs, ...)
+    api/inference.py the OpenAI-compatible /v1 endpoint of deployed LoRA models (platform
+                     token or workspace serving key), routed by model name to
+    serving.py       the deployment manager: one model server per deployed model
+                     (serving_policy.py, the local policy server; or vLLM on a GPU)
     web/device.py    the /device page that approves a device login (CSRF, escaped HTML)
     crypto.py        data-dir keys, secret encryption; objects.py  file store, signed URLs
     client.py        the /api/cli client the CLI uses (imports no server code)

@@ -119,8 +119,9 @@ def deployment_spec(session: Session, model: Model) -> DeploymentSpec:
     if model.base_model and model.workspace_id:
         try:
             base = Path(get_base_model(session, model.workspace_id, model.base_model).path)
-        except ModelNotFound:
-            base = None
+        except ModelNotFound:  # trained from a folder (model_path local:<dir>) instead
+            named = Path(model.base_model.removeprefix("local:")).expanduser()
+            base = named if named.is_absolute() and named.is_dir() else None
     return DeploymentSpec(
         model_id=model.id,
         name=deployments.inference_model(model),

@@ -58,6 +58,9 @@ def _lora(record: dict[str, object], context: dict[str, object]) -> DetailResult
             for key in ("hf_upload_status", "hf_url", "uploaded_by", "inference_model")
         },
     }
+    endpoint = record.get("inference_base_url")  # a self-hosted platform's own /v1
+    if endpoint:
+        model["inference_base_url"] = endpoint
     fields: list[tuple[str, object]] = [
         ("Name", record.get("model_name")),
         ("Base model", record.get("base_model")),
@@ -71,6 +74,8 @@ def _lora(record: dict[str, object], context: dict[str, object]) -> DetailResult
     if "deployment_status" in record:
         fields.append(("Deployment", record.get("deployment_status") or "inactive"))
         fields.append(("Inference model", record.get("inference_model")))
+        if endpoint:
+            fields.append(("Inference endpoint", endpoint))
     if record.get("platform_url"):
         fields.append(("URL", record.get("platform_url")))
     return DetailResult(

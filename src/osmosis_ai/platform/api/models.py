@@ -173,7 +173,7 @@ def get_lora_model(name: str, platform: PlatformDep, workspace: WorkspaceDep) ->
         users = service.deployer_names(session, [model])
     return LoraModelDetailOut(
         **_lora_out(model, runs, users).model_dump(),
-        hf_upload_status="not_uploaded",
+        hf_upload_status="none",
         inference_model=deployments.inference_model(model),
         inference_base_url=deployments.serving_base_url(platform.settings.public_url),
     )
