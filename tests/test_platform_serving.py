@@ -159,17 +159,29 @@ async def test_resolve_deployed_and_serving_keys(harness):
             deployments.resolve_deployed(session, team, "openai/gpt-4o", settings=settings) is None
         )
         with pytest.raises(deployments.ModelNotDeployed, match="osmosis model deploy served"):
-            deployments.resolve_deployed(session, team, "osmosis/served", settings=settings)
+            deployments.resolve_deployed(session, team, "openai/served", settings=settings)
         deployments.deploy(session, team, "served", user_id=None, now=utcnow(), limit=4)
     with db.read() as session:
-        found = deployments.resolve_deployed(session, team, "osmosis/served", settings=settings)
+        found = deployments.resolve_deployed(session, team, "openai/served", settings=settings)
         assert found is not None
-        assert deployments.resolve_deployed(session, team, "served", settings=settings) == found
-        assert deployments.resolve_deployed(session, other, "served", settings=settings) is None
+        assert deployments.resolve_deployed(session, team, "served", settings=settings) is None
+        assert (
+            deployments.resolve_deployed(session, other, "openai/served", settings=settings) is None
+        )
     assert found.base_url == f"{settings.public_url}/v1"
     assert found.model_path == "openai/served"
     assert found.environ() == {"OPENAI_BASE_URL": found.base_url, "OPENAI_API_KEY": found.api_key}
     assert deployments.serving_key_workspace(settings.data_dir, found.api_key) == team
+    run_id = add_training_run(db, team, "eval-of-served")
+    with db.transaction() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        run.kind, run.status, run.model_path = "eval", "pending", "openai/served"
+    with db.read() as session:
+        run = session.get(Run, run_id)
+    assert deployments.eval_model_environment(db, run, settings) == found.environ()
+    run.model_path = "openai/gpt-4o-mini"  # a provider's model: nothing to add
+    assert deployments.eval_model_environment(db, run, settings) == {}
     forged = found.api_key.replace(team, other)
     assert deployments.serving_key_workspace(settings.data_dir, forged) is None
     assert deployments.serving_key_workspace(settings.data_dir, found.api_key[:-1] + "0") in (

@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import Conflict, InvalidRequest
 from osmosis_ai.platform.services.models import MAX_ACTIVE_DEPLOYMENTS, get_lora_model
-from osmosis_ai.platform.settings import PlatformSettings
-from osmosis_ai.platform.store.orm import Model, RunCheckpoint
+from osmosis_ai.platform.settings import PlatformSettings, load_settings
+from osmosis_ai.platform.store.database import Database
+from osmosis_ai.platform.store.orm import Model, Run, RunCheckpoint
 
 MAX_DEPLOYMENTS_ENV = "OSMOSIS_PLATFORM_MAX_DEPLOYMENTS"
 SERVING_KEY_FILE = "serving.key"
@@ -36,8 +37,8 @@ SERVING_KEY_PREFIX = "osmosis-serve-"
 CHANGED_HOOK = "deployments_changed"
 ACTIVE = "active"
 INACTIVE = "inactive"
-# model_path prefixes that name a deployed LoRA model of the workspace
-_PREFIXES = ("osmosis/", "openai/")
+# an eval model_path names a deployed LoRA model of the workspace as openai/<model name>
+MODEL_PATH_PREFIX = "openai/"
 
 
 class DeploymentQuotaExceeded(Conflict):
@@ -237,24 +238,20 @@ def serving_key_workspace(data_dir: Path, key: str) -> str | None:
     return workspace_id
 
 
-def lora_name_of(model_path: str) -> str:
-    """The model name in ``model_path`` (``osmosis/<name>``, ``openai/<name>`` or ``<name>``)."""
-    for prefix in _PREFIXES:
-        if model_path.startswith(prefix):
-            return model_path.removeprefix(prefix)
-    return model_path
-
-
 def resolve_deployed(
     session: Session, workspace_id: str, model_path: str, *, settings: PlatformSettings
 ) -> Deployed | None:
     """The deployment an eval run's ``model_path`` names, or None when it names no LoRA
     model of the workspace (a provider model, say).
 
-    ``osmosis/<name>``, ``openai/<name>`` and a bare ``<name>`` name LoRA model ``<name>``;
-    one that exists but is not deployed raises :class:`ModelNotDeployed` with the fix.
+    ``openai/<name>`` names LoRA model ``<name>`` (the form that reaches it through
+    ``OPENAI_BASE_URL``, locally too); one that exists but is not deployed raises
+    :class:`ModelNotDeployed` with the fix.
     """
-    name = lora_name_of(model_path.strip())
+    path = model_path.strip()
+    if not path.startswith(MODEL_PATH_PREFIX):
+        return None
+    name = path.removeprefix(MODEL_PATH_PREFIX)
     if not name or "/" in name:
         return None
     model = session.scalar(
@@ -275,3 +272,19 @@ def resolve_deployed(
         model_name=inference_model(model),
         api_key=workspace_serving_key(settings.data_dir, workspace_id),
     )
+
+
+def eval_model_environment(
+    database: Database, run: Run, settings: PlatformSettings | None = None
+) -> dict[str, str]:
+    """``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` for a managed eval run whose model_path
+    (``openai/<name>``) names a model deployed in its workspace; empty otherwise.
+
+    ``settings`` are the platform's (the data dir holds the serving key); without them they
+    are loaded as ``osmosis platform`` commands load them.
+    """
+    if settings is None:
+        settings = load_settings()
+    with database.read() as session:
+        found = resolve_deployed(session, run.workspace_id, run.model_path, settings=settings)
+    return {} if found is None else found.environ()

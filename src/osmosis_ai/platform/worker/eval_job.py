@@ -681,7 +681,7 @@ def model_environment(ctx: JobContext) -> dict[str, str]:
     endpoint = getattr(deployments, "eval_model_environment", None)  # pyright: ignore[reportUnknownArgumentType]
     if endpoint is None:
         return {}
-    found = endpoint(ctx.reporter.database, ctx.run)
+    found = endpoint(ctx.reporter.database, ctx.run, ctx.settings)
     return dict(found) if isinstance(found, Mapping) else {}  # pyright: ignore[reportUnknownArgumentType]
 
 
