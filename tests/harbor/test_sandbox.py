@@ -119,6 +119,17 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+async def eventually(check: Callable[[], Any], attempts: int = 500) -> Any:
+    """The first truthy result of ``check``, polled every 20 ms; the last result otherwise."""
+    result = check()
+    for _ in range(attempts):
+        if result:
+            break
+        await asyncio.sleep(0.02)
+        result = check()
+    return result
+
+
 async def test_start_exec_stop_returns_harbors_exec_result(sandboxes: Sandboxes):
     env, _ = sandboxes.make()
     await env.start(force_build=False)
@@ -202,7 +213,9 @@ async def test_writes_inside_leave_the_host_untouched_and_stop_leaves_nothing(
     seen_inside = await env.exec(f"cat {host_file}")
     assert seen_inside.stdout == "inside\n"
     assert not host_file.exists()
-    assert processes_with(marker), "the background process should survive its exec"
+    assert await eventually(lambda: processes_with(marker)), (
+        "the background process should outlive its exec"
+    )
 
     await env.stop(delete=True)
 
@@ -220,7 +233,8 @@ async def test_log_folders_are_the_trials_host_folders(sandboxes: Sandboxes):
 
     assert (paths.verifier_dir / "reward.txt").read_text() == "1\n"
     assert (paths.agent_dir / "agent.log").read_text() == "log\n"
-    assert env.is_path_mounted("/logs/verifier", paths.verifier_dir)
+    if hasattr(env, "is_path_mounted"):  # Harbor >= 0.25 asks before copying logs out
+        assert env.is_path_mounted("/logs/verifier", paths.verifier_dir)
 
 
 async def test_upload_and_download_round_trip(sandboxes: Sandboxes, tmp_path: Path):

@@ -716,9 +716,28 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     def _host_mount_list(self) -> list[dict[str, Any]]:
         mounts = getattr(self, "_host_mounts", None)
-        if mounts is None:
-            mounts = getattr(self, "_mounts", None) or []
-        return [dict(m) for m in mounts]
+        if mounts is not None:  # Harbor >= 0.25 lists exactly what to bind
+            return [dict(m) for m in mounts]
+        # Older Harbor passes the trial's log mounts in ``mounts`` when it creates a trial;
+        # bind the trial's log folders by default so the environment is "mounted" either way.
+        listed = [dict(m) for m in getattr(self, "_mounts", None) or []]
+        targets = {str(m["target"]) for m in listed}
+        paths = self.trial_paths
+        artifacts = paths.artifacts_dir
+        host_artifact_path = getattr(paths, "host_artifact_path", None)
+        if host_artifact_path is not None:
+            artifacts = host_artifact_path("main", "/logs/artifacts")
+        defaults = (
+            (paths.agent_dir, "/logs/agent"),
+            (paths.verifier_dir, "/logs/verifier"),
+            (artifacts, "/logs/artifacts"),
+        )
+        listed += [
+            {"type": "bind", "source": str(source), "target": target}
+            for source, target in defaults
+            if target not in targets
+        ]
+        return listed
 
     def _network_mode(self) -> NetworkMode:
         return self.network_policy.network_mode
