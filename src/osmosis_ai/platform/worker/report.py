@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.objects import ObjectStore
@@ -169,26 +169,34 @@ class RunReporter:
                 self.put_tree(prefix, sample.artifacts)
             keys[(sample.row_index, sample.run_index)] = key
         now = self.clock()
+        rows = {
+            (sample.row_index, sample.run_index): {
+                "run_id": self.run_id,
+                "row_index": sample.row_index,
+                "run_index": sample.run_index,
+                "source_row_index": sample.source_row_index,
+                "rollout_id": sample.rollout_id,
+                "status": sample.status,
+                "reward": _finite(sample.reward),
+                "tokens": sample.tokens,
+                "duration_ms": sample.duration_ms,
+                "error_type": sample.error_type,
+                "trajectory_key": keys[(sample.row_index, sample.run_index)],
+                "attempt": self.attempt,
+                "created_at": now,
+            }
+            for sample in samples
+        }  # the last record of a key in the batch wins
         with self.database.transaction() as session:
             self._held(session)
-            for sample in samples:
-                session.merge(
-                    RunSample(
-                        run_id=self.run_id,
-                        row_index=sample.row_index,
-                        run_index=sample.run_index,
-                        source_row_index=sample.source_row_index,
-                        rollout_id=sample.rollout_id,
-                        status=sample.status,
-                        reward=_finite(sample.reward),
-                        tokens=sample.tokens,
-                        duration_ms=sample.duration_ms,
-                        error_type=sample.error_type,
-                        trajectory_key=keys[(sample.row_index, sample.run_index)],
-                        attempt=self.attempt,
-                        created_at=now,
-                    )
+            # Replace: two statements per batch, not a SELECT per sample.
+            session.execute(
+                delete(RunSample).where(
+                    RunSample.run_id == self.run_id,
+                    tuple_(RunSample.row_index, RunSample.run_index).in_(list(rows)),
                 )
+            )
+            session.execute(insert(RunSample), list(rows.values()))
 
     def forget_samples(self, keys: Iterable[tuple[int, int]]) -> None:
         """Drop stored samples (a retry of failed items runs them again)."""
