@@ -105,7 +105,12 @@ class Platform:
                     commit_sha=self.commit,
                     model_path="openai/gpt-5-mini",
                     dataset_name="math",
-                    experiment_config={"rollout": rollout},
+                    experiment_config={
+                        "rollout": rollout,
+                        "entrypoint": "main.py",
+                        "model_path": "openai/gpt-5-mini",
+                        "dataset": "sums",
+                    },
                     env_config={"JOB_MODE": mode},
                     required_secrets=["API_KEY"] if secret is not None else [],
                     secret_scopes={"API_KEY": "run"} if secret is not None else {},
@@ -462,3 +467,75 @@ def test_a_rollout_whose_entrypoint_fails_to_import_fails_the_run_with_the_error
     text = platform.log_text(run_id)
     assert "osmosis_no_such_module" in (run.error or "")
     assert "ModuleNotFoundError: No module named 'osmosis_no_such_module'" in text
+
+
+# --- osmosis platform serve --workers ----------------------------------------------------------
+
+
+def test_serve_starts_a_worker_that_runs_the_eval_job_and_stops_with_the_server(platform, tmp_path):
+    """The real eval job on a rollout whose entrypoint does not import: the run fails with
+    the import error in its logs, executed by the worker ``serve`` started beside itself."""
+    from osmosis_ai.platform.objects import ObjectStore
+    from osmosis_ai.platform.store.orm import Dataset
+    from osmosis_ai.testing.serving import free_port
+
+    rows = "".join(
+        json.dumps({"user_prompt": f"{i}+1", "ground_truth": str(i + 1)}) + "\n" for i in range(6)
+    )
+    with platform.database.transaction() as session:
+        dataset = Dataset(
+            workspace_id=platform.workspace_id,
+            file_name="sums",
+            extension="jsonl",
+            file_size=len(rows),
+            status="uploaded",
+            row_count=6,
+            object_key="datasets/sums.jsonl",
+        )
+        session.add(dataset)
+        session.flush()
+        dataset_id = dataset.id
+    ObjectStore(platform.settings.objects_dir).put("datasets/sums.jsonl", rows.encode())
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "osmosis_ai.cli.main",
+            "platform",
+            "serve",
+            "--data-dir",
+            str(platform.settings.data_dir),
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env={**os.environ, "OPENAI_API_KEY": "sk-test-unused"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not _worker_ids(platform):
+            assert serve.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.05)
+        run_id = platform.submit(
+            "unused",
+            rollout="broken",
+            dataset_id=dataset_id,
+            evaluation_config={"limit": 2},
+        )
+        run = platform.wait_status(run_id, "failed", "finished", "stopped")
+        text = platform.log_text(run_id)
+        assert run.status == "failed", text
+        assert "No module named 'osmosis_no_such_module'" in text
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        code = serve.wait(timeout=WAIT_S)
+    # uvicorn re-raises the SIGTERM it handled; the workers are stopped before it ends serve
+    assert code in (0, 128 + signal.SIGTERM), (tmp_path / "serve.log").read_text()
+    with platform.database.read() as session:
+        assert all(w.stopped_at is not None for w in session.scalars(select(Worker)))

@@ -130,6 +130,12 @@ COMMANDS: tuple[Command, ...] = (
     _cmd("benchmark runs download", "Download a benchmark run's outputs.", NEEDS_PLATFORM),
     # Running a self-hosted platform: these work on its data dir, not over HTTP.
     _cmd("platform serve", "Serve the platform (API and login page).", "platform_serve", PLATFORM),
+    _cmd(
+        "platform worker",
+        "Execute submitted eval and training runs here.",
+        "platform_worker",
+        PLATFORM,
+    ),
     _cmd("platform user create", "Add a user.", "platform_user_create", PLATFORM),
     _cmd(
         "platform workspace create",

@@ -1,13 +1,16 @@
-"""``osmosis platform serve``: run a self-hosted platform (API, device login page) here."""
+"""``osmosis platform serve``: run a self-hosted platform (API, device login page) here, with
+``--workers`` worker processes beside it that execute submitted runs."""
 
 from __future__ import annotations
 
 import argparse
 
+from osmosis_ai.cli.errors import CLIUsageError
 from osmosis_ai.cli.output import Context, OperationResult, Result
 from osmosis_ai.cli.platform_admin import add_store_options, platform_errors, settings_from
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_WORKERS = 64
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +28,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("critical", "error", "warning", "info", "debug"),
         help="server log level (default info)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes to start beside the server, stopped with it (default 1; 0 for "
+        "none, when 'osmosis platform worker' runs elsewhere on the same database and data dir)",
+    )
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
     from osmosis_ai.platform.server import serve
+    from osmosis_ai.platform.worker.runner import WorkerProcesses
+
+    if not 0 <= args.workers <= MAX_WORKERS:
+        raise CLIUsageError(
+            f"--workers {args.workers} is out of range: give 0 to {MAX_WORKERS}.",
+            prog="osmosis platform serve",
+        )
 
     settings = settings_from(
         args,
@@ -43,11 +61,15 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             f"Serving on {settings.host} over plain HTTP: tokens cross the network in clear "
             "text. Put a TLS proxy in front and pass its address as --public-url.",
         )
-    with platform_errors():
+    with platform_errors(), WorkerProcesses(settings, args.workers):
         serve(settings, log_level=args.log_level)
     return OperationResult(
         operation="platform.serve",
         status="success",
-        resource={"public_url": settings.public_url, "data_dir": str(settings.data_dir)},
+        resource={
+            "public_url": settings.public_url,
+            "data_dir": str(settings.data_dir),
+            "workers": args.workers,
+        },
         message=f"The platform at {settings.public_url} stopped.",
     )

@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _watch_worker() -> None:
     """Wait for the end of stdin: the worker died (or closed it after this process ended)."""
-    with contextlib.suppress(OSError, ValueError):
-        while sys.stdin.buffer.read(4096):
+    with contextlib.suppress(OSError):  # the raw fd: a buffered read blocks the shutdown
+        while os.read(0, 4096):
             pass
     with contextlib.suppress(OSError):  # the worker read our output: likely gone too
         os.write(2, b"the worker is gone: stopping this run's processes\n")
@@ -323,5 +323,21 @@ def _names(values: Mapping[str, str]) -> str:
     return ", ".join(sorted(values)) if values else "nothing"
 
 
+def _exit(code: int) -> None:
+    """Exit now, whatever threads the job left running (they would hold the process, and
+    its run's slot, until they end)."""
+    lingering = [
+        t.name
+        for t in threading.enumerate()
+        if t.is_alive() and not t.daemon and t is not threading.main_thread()
+    ]
+    if lingering:
+        print(f"exiting with threads still running: {', '.join(lingering)}", file=sys.stderr)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -18,10 +18,15 @@ its output in the run's logs.
 SIGTERM or SIGINT stops the worker: it asks each run's process to hand its run back
 (SIGUSR1, then SIGTERM), releases the runs so another worker resumes them at
 once, and marks itself stopped. A second signal kills the processes without waiting.
+
+:class:`WorkerProcesses` runs workers beside a platform server (``osmosis platform serve
+--workers N``), each ``python -m osmosis_ai.platform.worker.runner``, stopped with the
+server; a worker so started also stops when its stdin closes (the server died).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -37,14 +42,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from types import TracebackType
+from typing import IO, Any, Self
 
 from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SecretBox, secret_key
 from osmosis_ai.platform.services import work
 from osmosis_ai.platform.services.runs import TERMINAL, add_log, run_secret_values
-from osmosis_ai.platform.settings import PlatformSettings
+from osmosis_ai.platform.settings import (
+    DATA_DIR_ENV,
+    DATABASE_URL_ENV,
+    PlatformSettings,
+    load_settings,
+)
 from osmosis_ai.platform.store.database import Database, open_database
 from osmosis_ai.platform.store.orm import Run, utcnow
 from osmosis_ai.platform.worker.execute import DEFAULT_JOBS, RELEASE_SIGNAL, RunSpec, work_dir_of
@@ -123,7 +134,7 @@ class Worker:
     def run(self) -> None:
         """Register, execute runs until stopped, then hand back what is held."""
         handled = self._install_signals()
-        database = self._database = open_database(self.settings, migrate=False)
+        database = self._database = open_database(self.settings)  # migrated, under a lock
         try:
             self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self._udp.bind(("127.0.0.1", 0))
@@ -531,3 +542,117 @@ def _exit_text(code: int) -> str:
             return f"was killed by {signal.Signals(-code).name}"
         return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+# --- workers beside a server ---------------------------------------------------------------
+
+WORKER_STOP_WAIT_S = 15.0  # a worker's own shutdown takes at most its grace and a kill
+
+
+class WorkerProcesses:
+    """``count`` worker processes for a server's lifetime (a context manager)."""
+
+    def __init__(self, settings: PlatformSettings, count: int, *, slots: int = 1) -> None:
+        if count < 0:
+            raise ValueError(f"cannot start {count} workers")
+        self.settings = settings
+        self.count = count
+        self.slots = slots
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._previous_sigterm: Any = None
+
+    def __enter__(self) -> Self:
+        if self.count and threading.current_thread() is threading.main_thread():
+            # A server re-raises the SIGTERM it handled once it has shut down (uvicorn does):
+            # the default action would end this process before the workers are stopped.
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        env = {
+            **os.environ,
+            DATA_DIR_ENV: str(self.settings.data_dir),
+            DATABASE_URL_ENV: self.settings.database_url,  # not on the command line: ps shows it
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "osmosis_ai.platform.worker.runner",
+            "--public-url",
+            self.settings.public_url,
+            "--slots",
+            str(self.slots),
+        ]
+        try:
+            for _ in range(self.count):
+                self.processes.append(subprocess.Popen(command, env=env, stdin=subprocess.PIPE))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.stop()
+        finally:
+            if self._previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
+                self._previous_sigterm = None
+
+    def stop(self) -> None:
+        """SIGTERM every worker (each hands its runs back), SIGKILL one that lingers."""
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + WORKER_STOP_WAIT_S
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdin is not None:
+                with contextlib.suppress(OSError):
+                    process.stdin.close()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def configure_logging() -> None:
+    """Worker lines on stderr, once per process."""
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s worker: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A worker started by :class:`WorkerProcesses`: settings from the environment, and it
+    stops when its stdin closes."""
+    parser = argparse.ArgumentParser(prog="python -m osmosis_ai.platform.worker.runner")
+    parser.add_argument("--public-url", default=None)
+    parser.add_argument("--slots", type=int, default=1)
+    args = parser.parse_args(argv)
+    configure_logging()
+    worker = Worker(load_settings(public_url=args.public_url), slots=args.slots)
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):  # the raw fd: a buffered read blocks the shutdown
+            while os.read(0, 4096):
+                pass
+        worker.request_stop()
+
+    threading.Thread(target=watch, name="server-watch", daemon=True).start()
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
