@@ -34,6 +34,8 @@ from osmosis_ai.workspace.templates import (
 )
 
 MULTIPLY = ("multiply-local-openai", "multiply-local-strands")
+HARBOR = ("multiply-harbor-openai", "multiply-harbor-strands")
+CATALOG = ["copy-digit", *HARBOR, *MULTIPLY]
 SKILLS = ["create-rollout", "debug-rollout", "plan-dataset", "prepare-training", "run-evaluation"]
 SRC = Path(__file__).resolve().parents[1] / "src" / "osmosis_ai"
 
@@ -58,7 +60,7 @@ def files_under(root: Path) -> set[str]:
 
 def test_catalog_lists_every_template_folder():
     names = [info.name for info in list_templates()]
-    assert names == ["copy-digit", *MULTIPLY]
+    assert names == CATALOG
     for info in list_templates():
         assert info.description, info.name
         assert info.rollouts == (info.name,)
@@ -86,6 +88,34 @@ def test_multiply_manifest_and_layout(name):
     assert "run_rollout_server" in (rollout / "main.py").read_text()
 
 
+@pytest.mark.parametrize("name", HARBOR)
+def test_harbor_multiply_templates_run_one_task_with_the_grader_as_verifier(tmp_path, name):
+    node = templates_root() / name
+    info = next(i for i in list_templates() if i.name == name)
+    assert [c.path for c in info.eval_configs] == [f"configs/eval/{name}.toml"]
+    assert info.eval_configs[0].model_path == "openai/gpt-5-mini"
+    assert info.datasets == ("data/multiply.jsonl",)
+    local = name.replace("harbor", "local")
+    assert (node / "data/multiply.jsonl").read_bytes() == (
+        templates_root() / local / "data/multiply.jsonl"
+    ).read_bytes()
+    rollout = node / "rollouts" / name
+    task = rollout / "multiply_harbor_task"
+    assert (task / "task.toml").is_file() and (task / "environment" / "Dockerfile").is_file()
+    assert not (task / "tests").exists()  # the grader is the verifier
+    extra = "openai-agents" if name.endswith("openai") else "strands"
+    assert f"osmosis-ai[server,harbor,{extra}]" in (rollout / "pyproject.toml").read_text()
+    main = (rollout / "main.py").read_text()
+    assert "HarborBackend(" in main and "LocalBackend" not in main
+    applied = apply_template(name, tmp_path)
+    assert f"rollouts/{name}/multiply_harbor_task/task.toml" in applied.files_written
+    workspace = Workspace(tmp_path)
+    assert load_eval_config(tmp_path / f"configs/eval/{name}.toml", workspace).secrets == (
+        "OPENAI_API_KEY",
+    )
+    assert load_training_config(tmp_path / f"configs/training/{name}.toml", workspace)
+
+
 def test_the_multiply_dataset_is_shared_and_correct(tmp_path):
     first, second = (templates_root() / name / "data" / "multiply.jsonl" for name in MULTIPLY)
     assert first.read_bytes() == second.read_bytes()
@@ -104,10 +134,10 @@ def test_the_multiply_dataset_is_shared_and_correct(tmp_path):
 def test_template_list_golden(capsys, tmp_path):
     result = invoke(capsys, "template", "list", "--json")
     assert result.code == 0
-    assert [item["name"] for item in result.json()["items"]] == ["copy-digit", *MULTIPLY]
+    assert [item["name"] for item in result.json()["items"]] == CATALOG
     golden("template_list", result, tmp_path)
     plain = invoke(capsys, "template", "list", "--plain")
-    assert [line.split("\t")[0] for line in plain.out.splitlines()] == ["copy-digit", *MULTIPLY]
+    assert [line.split("\t")[0] for line in plain.out.splitlines()] == CATALOG
 
 
 # --- template apply ---------------------------------------------------------------------------
