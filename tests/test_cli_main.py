@@ -59,7 +59,8 @@ def test_group_help_marks_what_is_not_available(capsys):
     out = invoke(capsys, "dataset").out
     assert "validate  Validate a dataset file" in out
     assert "upload    Validate and upload a dataset file." in out
-    assert "list      List evaluation runs. [needs a platform]" in invoke(capsys, "eval").out
+    assert "list    List benchmarks. [needs a platform]" in invoke(capsys, "benchmark").out
+    assert "list      List evaluation runs.  " in invoke(capsys, "eval").out
 
 
 def test_command_help_is_argparse(capsys):

@@ -212,8 +212,8 @@ def upload_dataset(client: httpx.Client, path: Path) -> None:
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Lab]:
-    origin = tmp_path / "origin"
-    origin.mkdir()
+    origin = tmp_path / "acme" / "evals"  # a clone's origin names the workspace acme/evals
+    origin.mkdir(parents=True)
     git(origin, "init", "-q", "-b", "main")
     for template in TEMPLATES:
         apply_template(template, origin)
@@ -432,3 +432,86 @@ def test_retry_runs_the_failed_items_again_and_only_them(lab: Lab):
     with lab.client() as client:
         again = client.post(f"/api/cli/eval-runs/{run_id}/retry", json=body)
         assert again.status_code == 409 and "NOTHING_TO_RETRY" in again.text
+
+
+# --- the CLI -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(600)
+def test_eval_commands_against_the_platform(lab: Lab, tmp_path: Path, capsys, monkeypatch):
+    from cli_support import invoke
+
+    run_id = lab.submit("multiply-local-openai", limit=2)
+    lab.execute()
+    name = lab.run_row(run_id).name
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(lab.origin), str(clone))
+    monkeypatch.chdir(clone)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OSMOSIS_PLATFORM_URL", lab.world.url)
+    monkeypatch.setenv("OSMOSIS_TOKEN", lab.world.tokens["alice"])
+    monkeypatch.setenv("OSMOSIS_TOKEN_PLATFORM_URL", lab.world.url)
+
+    def ok(*args: str) -> dict[str, Any]:
+        outcome = invoke(capsys, *args, "--json")
+        assert outcome.code == 0, (args, outcome.err)
+        assert SECRET not in outcome.out + outcome.err
+        return outcome.json()
+
+    listed = ok("eval", "list")["items"]
+    assert [(r["name"], r["status"], r["rollout"]) for r in listed] == [
+        (name, "finished", "multiply-local-openai")
+    ]
+    assert listed[0]["results"]["pass_rate"] == 1.0
+    info = ok("eval", "info", name, "-o", str(tmp_path / "info"))["data"]
+    assert info["metrics"]["overview"]["total_samples"] == 2
+    written = json.loads((tmp_path / "info" / "metrics.json").read_text())
+    assert written["summary"]["pass_rate"] == 1.0 and written["eval_run"]["name"] == name
+    logs = ok("eval", "logs", name, "--limit", "200")["items"]
+    assert any(entry["message"].startswith("Finished: 2 of 2 passed") for entry in logs)
+
+    downloaded = ok("eval", "download", name)["resource"]
+    root = clone / ".osmosis" / "evals" / name
+    assert downloaded["output_path"] == str(root) and downloaded["files"] == 4
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
+        "metrics.json",
+        "summary.jsonl",
+        "trajectories/row_0_run_0.json",
+        "trajectories/row_1_run_0.json",
+    ]
+    index = [json.loads(line) for line in (root / "summary.jsonl").read_text().splitlines()]
+    trajectory = json.loads((root / "trajectories" / "row_1_run_0.json").read_text())
+    assert trajectory["session_id"] == index[1]["rollout_id"]
+    again = invoke(capsys, "eval", "download", name, "--json")
+    assert again.code == 1 and again.error()["error"]["code"] == "CONFLICT"
+    ok("eval", "download", name, "--overwrite", "-y")
+    some = ok("eval", "download", name, "--type", "all", "--rows", "1", "-o", str(tmp_path / "x"))
+    assert (tmp_path / "x" / "logs.txt").is_file()
+    assert not (tmp_path / "x" / "trajectories" / "row_0_run_0.json").exists()
+    assert some["resource"]["files"] >= 4
+
+    # A local run, uploaded as it finishes; uploading it again sends nothing new.
+    monkeypatch.setenv("OPENAI_BASE_URL", lab.model_url)
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    config = "configs/eval/multiply-local-openai.toml"
+    local = ok("eval", "run", config, "--rows", "0-2", "--name", "local-1", "-y", "--upload")
+    upload = local["resource"]["upload"]
+    assert upload["eval_run_name"] == "local-1" and upload["status"] == "finished"
+    assert upload["files"] == 4 and upload["uploaded_files"] == 4
+    metrics = lab.call("GET", "/api/cli/eval-runs/local-1/metrics")
+    assert (metrics["overview"]["total_samples"], metrics["overview"]["pass_rate"]) == (3, 1.0)
+    assert metrics["overview"]["tokens_used"] == local["resource"]["metrics"]["tokens_used"]
+    manifest = lab.call("GET", "/api/cli/eval-runs/local-1/samples/manifest")
+    assert len([f for f in manifest["files"] if f["path"].startswith("trajectories/")]) == 3
+    repeated = ok("eval", "upload", ".osmosis/evals/local-1")["resource"]
+    assert repeated["eval_run_id"] == upload["eval_run_id"] and repeated["uploaded_files"] == 0
+    names = [r["name"] for r in ok("eval", "list")["items"]]
+    assert sorted(names) == sorted([name, "local-1"])
+    retry = lab.world.client("alice", repo=REPO).post("/api/cli/eval-runs/local-1/retry", json={})
+    assert retry.status_code == 409 and "RUN_IMPORTED" in retry.text
+
+    pending = lab.submit("multiply-local-openai", limit=1)
+    refused = invoke(capsys, "eval", "stop", pending, "--json")
+    assert refused.code == 1 and refused.error()["error"]["code"] == "INTERACTIVE_REQUIRED"
+    stopped = ok("eval", "stop", pending, "-y")["resource"]
+    assert stopped["status"] == "stopped" and lab.run_row(pending).status == "stopped"

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
+    from osmosis_ai.cli.platform_session import Session
     from osmosis_ai.eval.plan import Confirmation, EvalPlan
     from osmosis_ai.eval.progress import EvalEvent, EvalRunResult, ItemFinishedEvent, Tally
 
@@ -58,13 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
-    if args.upload:
-        raise CLIError(
-            CLIErrorCode.VALIDATION,
-            "--upload needs an Osmosis platform, and none is configured for this CLI. Run "
-            "without --upload: the results stay in the run directory.",
-            {"flag": "--upload"},
-        )
+    session = None
+    if args.upload:  # the login and workspace are checked before anything runs
+        from osmosis_ai.cli.platform_session import open_session
+
+        session = open_session(ctx)
     config: Path = args.config
     if not config.is_file():
         raise CLIError(
@@ -101,7 +100,40 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
     finally:
         view.close()
     view.show_results(result)
-    return _operation(result, config)
+    operation = _operation(result, config)
+    if session is not None:
+        with session:
+            _upload(session, result, operation, ctx)
+    return operation
+
+
+def _upload(
+    session: Session, result: EvalRunResult, operation: OperationResult, ctx: Context
+) -> None:
+    """``--upload``: import the finished run into the platform (an incomplete one stays local)."""
+    from osmosis_ai.cli.eval_platform import (
+        lock_run,
+        plan_upload,
+        upload_result_resource,
+        upload_run,
+    )
+
+    if not result.complete:
+        ctx.warn(
+            "UPLOAD_SKIPPED",
+            f"The run {result.plan.run_name} is incomplete, so it was not uploaded; resume it, "
+            f"then run osmosis eval upload {result.run_dir}",
+        )
+        return
+    lock = lock_run(result.run_dir)
+    try:
+        plan = plan_upload(result.run_dir)
+        answer = upload_run(session, plan)
+    finally:
+        lock.release()
+    assert operation.resource is not None
+    operation.resource["upload"] = upload_result_resource(answer, plan)
+    operation.next_steps.append(f"Platform: osmosis eval info {answer.get('eval_run_name')}")
 
 
 def _operation(result: EvalRunResult, config: Path) -> OperationResult:

@@ -1,0 +1,449 @@
+"""What the ``osmosis eval`` platform commands share: the shape of an eval run in results,
+where a run's files go locally, the manifest-driven download (reference §3.2, §6.1) and the
+upload of a completed local run (§5.9).
+
+A download writes the layout of a local run dir (``metrics.json``, ``summary.jsonl``,
+``trajectories/``, ``artifacts/``, ``logs.txt``) under ``<root>``, by default
+``<workspace>/.osmosis/evals/<name>/``. An upload sends only ``index.jsonl`` and the selected
+attempts' trajectories and artifacts; never the manifest, journal, logs or secrets. Each
+file is hashed first and checked again just before it is sent, so a file that changes
+meanwhile is refused rather than uploaded half-old.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from osmosis_ai.cli.errors import CLIError, CLIErrorCode
+from osmosis_ai.platform.client import segment
+
+if TYPE_CHECKING:
+    from osmosis_ai.cli.platform_session import Session
+
+EVAL_RUN_KEYS = (
+    "id",
+    "name",
+    "status",
+    "created_at",
+    "started_at",
+    "completed_at",
+    "model_name",
+    "dataset_name",
+    "rollout_name",
+    "creator_name",
+    "results",
+)
+RUNS_PATH = "/api/cli/eval-runs"
+EVALS_DIR = Path(".osmosis") / "evals"
+DOWNLOAD_BATCH = 500
+UPLOAD_BATCH = 100
+FINALIZE_TIMEOUT_S = 300.0
+_UPLOADABLE = re.compile(r"^(?:trajectories/row_\d+_run_\d+\.json|artifacts/row_\d+_run_\d+/.+)$")
+
+
+def run_path(name_or_id: str, *rest: str) -> str:
+    return "/".join((RUNS_PATH, segment(name_or_id), *rest))
+
+
+def eval_run(record: Mapping[str, Any]) -> dict[str, object]:
+    """An eval run as list and detail results show it (its model, dataset, rollout flat)."""
+    block = record.get("eval_run")
+    source: Mapping[str, Any] = block if isinstance(block, Mapping) else record  # pyright: ignore[reportUnknownVariableType]
+    data = {key: source.get(key, record.get(key)) for key in EVAL_RUN_KEYS}
+    if data["results"] is None:
+        data["results"] = record.get("results")
+    for key in ("model", "dataset", "rollout"):  # the names, as the hosted CLI lists them
+        data[key] = data.get(f"{key}_name")
+    url = source.get("platform_url") or record.get("platform_url")
+    if isinstance(url, str) and url:
+        data["platform_url"] = url
+    return data
+
+
+def pass_rate_text(results: object) -> str | None:
+    if not isinstance(results, Mapping):
+        return None
+    table: Mapping[str, object] = results  # pyright: ignore[reportUnknownVariableType]
+    rate, passed, completed = (
+        table.get("pass_rate"),
+        table.get("passed"),
+        table.get("completed_samples"),
+    )
+    if not isinstance(rate, int | float):
+        return None
+    return f"{rate:.1%} ({passed}/{completed})"
+
+
+def default_root(session: Session, name: str) -> Path:
+    base = session.workspace.root if session.workspace is not None else Path.cwd()
+    return base / EVALS_DIR / _safe_segment(name)
+
+
+def _safe_segment(name: str) -> str:
+    cleaned = name.replace("/", "_").replace("\\", "_")
+    return cleaned if cleaned not in ("", ".", "..") else "_"
+
+
+def write_json(path: Path, value: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(temp, path)
+
+
+# --- download ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    root: Path
+    files: int
+    bytes: int
+    skipped: int
+
+
+def safe_relative(path: str) -> PurePosixPath:
+    """A path from the platform, refused unless it stays under the download root."""
+    pure = PurePosixPath(path)
+    if (
+        not path
+        or pure.is_absolute()
+        or "\\" in path
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
+        raise CLIError(
+            CLIErrorCode.PLATFORM_ERROR, f"The platform sent an unsafe file path: {path!r}"
+        )
+    return pure
+
+
+def download_run(
+    session: Session,
+    name_or_id: str,
+    *,
+    types: str,
+    rows: str | None,
+    root: Path,
+    overwrite: bool,
+    yes: bool,
+) -> Downloaded:
+    """Download the files the run's manifest lists for ``types`` (and ``rows``) into ``root``."""
+    from osmosis_ai.cli.confirm import confirm
+
+    client = session.client
+    params: dict[str, str | int] = {"types": types}
+    if rows:
+        params["rows"] = rows
+    manifest = client.call("GET", run_path(name_or_id, "samples", "manifest"), params=params)
+    raw = manifest.get("files")
+    files = [f for f in raw if isinstance(f, dict)] if isinstance(raw, list) else []  # pyright: ignore[reportUnknownVariableType]
+    planned: list[tuple[str, str, int, Path]] = []
+    for item in files:
+        relative = safe_relative(str(item.get("path", "")))
+        token = item.get("token")
+        size = item.get("size")
+        if not isinstance(token, str):
+            continue
+        expected = size if isinstance(size, int) and not isinstance(size, bool) else 0
+        planned.append((token, str(relative), expected, root.joinpath(*relative.parts)))
+    existing = [target for *_, target in planned if target.exists()]
+    if existing and not overwrite:
+        raise CLIError(
+            CLIErrorCode.CONFLICT,
+            f"{len(existing)} of the files already exist under {root} (e.g. {existing[0]}). "
+            "Use --overwrite to replace them, or -o to download elsewhere.",
+            {"output_path": str(root), "existing": [str(p) for p in existing[:20]]},
+        )
+    if existing:
+        confirm(
+            f"Replace {len(existing)} existing files under {root}?",
+            yes=yes,
+            summary={"Run": name_or_id, "Output": str(root)},
+        )
+    total = 0
+    with session.transfers() as transfers:
+        for start in range(0, len(planned), DOWNLOAD_BATCH):
+            batch = planned[start : start + DOWNLOAD_BATCH]
+            body = {"items": [{"token": token, "path": path} for token, path, _, _ in batch]}
+            answer = client.call(
+                "POST", run_path(name_or_id, "samples", "download-urls"), json=body
+            )
+            urls = {
+                str(u.get("token")): str(u.get("url"))
+                for u in answer.get("items", [])
+                if isinstance(u, dict)
+            }
+            for token, path, size, target in batch:
+                url = urls.get(token)
+                if not url:
+                    raise CLIError(
+                        CLIErrorCode.PLATFORM_ERROR, f"The platform gave no URL for {path}."
+                    )
+                transfers.download(url, target, overwrite=True, expected_size=size)
+                total += size
+    return Downloaded(root=root, files=len(planned), bytes=total, skipped=0)
+
+
+# --- upload ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: str  # relative, POSIX
+    source: Path
+    size: int
+    sha256: str
+    inode: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class UploadPlan:
+    run_dir: Path
+    local_run_id: str
+    manifest_digest: str
+    run: dict[str, object]
+    schema_versions: dict[str, object]
+    provenance: dict[str, object]
+    files: list[LocalFile]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CLIError(
+            CLIErrorCode.VALIDATION,
+            f"{path} is missing: {path.parent} is not a complete local eval run.",
+            {"run_dir": str(path.parent)},
+        ) from None
+    except ValueError as exc:
+        raise CLIError(
+            CLIErrorCode.VALIDATION, f"{path} is not valid JSON ({exc}).", {"path": str(path)}
+        ) from None
+
+
+def _local_file(run_dir: Path, relative: str) -> LocalFile:
+    path = run_dir / relative
+    status = path.lstat()
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return LocalFile(
+        relative, path, status.st_size, digest.hexdigest(), status.st_ino, status.st_mtime_ns
+    )
+
+
+def plan_upload(run_dir: Path) -> UploadPlan:
+    """Check that ``run_dir`` is a complete local run and list (and hash) what to send."""
+    from osmosis_ai.eval.projections import INDEX_FILE, METRICS_FILE, PROGRESS_FILE
+    from osmosis_ai.eval.rundir import MANIFEST_FILE
+
+    run_dir = run_dir.expanduser().resolve()
+    if not run_dir.is_dir():
+        raise CLIError(
+            CLIErrorCode.VALIDATION,
+            f"{run_dir} is not a directory: pass a run dir such as .osmosis/evals/<run-name>.",
+            {"run_dir": str(run_dir)},
+        )
+    manifest_path = run_dir / MANIFEST_FILE
+    manifest_bytes = manifest_path.read_bytes() if manifest_path.is_file() else b""
+    manifest = _read_json(manifest_path)
+    if not isinstance(manifest, dict):
+        raise CLIError(CLIErrorCode.VALIDATION, f"{manifest_path} is not a run manifest.")
+    local_run_id = str(manifest.get("local_run_id", ""))  # pyright: ignore[reportUnknownArgumentType, reportUnknownMemberType]
+    if manifest.get("schema_version") != 1 or not re.fullmatch(r"[0-9a-f]{32}", local_run_id):  # pyright: ignore[reportUnknownMemberType]
+        raise CLIError(
+            CLIErrorCode.VALIDATION,
+            f"{manifest_path} is not a manifest this CLI can upload (schema 1, a 32-hex "
+            "local_run_id).",
+        )
+    if manifest.get("run_name") != run_dir.name:  # pyright: ignore[reportUnknownMemberType]
+        raise CLIError(
+            CLIErrorCode.VALIDATION,
+            f"{manifest_path} names run {manifest.get('run_name')!r}, not the folder's name "  # pyright: ignore[reportUnknownMemberType]
+            f"{run_dir.name!r}; upload the run dir as `osmosis eval run` wrote it.",
+        )
+    inputs: dict[str, Any] = manifest.get("inputs") or {}  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType, reportAssignmentType]
+    entries = (
+        [
+            json.loads(line)
+            for line in (run_dir / INDEX_FILE).read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
+        if (run_dir / INDEX_FILE).is_file()
+        else []
+    )
+    progress = _read_json(run_dir / PROGRESS_FILE)
+    total = progress.get("total_runs") if isinstance(progress, dict) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if not entries or total != len(entries):
+        raise CLIError(
+            CLIErrorCode.VALIDATION,
+            f"The run {run_dir.name} is not complete ({len(entries)} of {total} work items have "
+            "a result): resume it with osmosis eval run --name "
+            f"{run_dir.name}, then upload it.",
+            {"run_dir": str(run_dir), "indexed": len(entries), "total": total},
+        )
+    metrics = _read_json(run_dir / METRICS_FILE)
+    block: dict[str, Any] = metrics.get("eval_run", {}) if isinstance(metrics, dict) else {}  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    summary: dict[str, Any] = metrics.get("summary", {}) if isinstance(metrics, dict) else {}  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    rollout: dict[str, Any] = inputs.get("rollout") or {}
+    files = _upload_files(run_dir, entries, INDEX_FILE)
+    run: dict[str, object] = {
+        "name": run_dir.name,
+        "dataset_name": block.get("dataset_name") or "",
+        "model_path": inputs.get("model_path") or block.get("model_name") or "",
+        "rollout_name": rollout.get("name") or block.get("rollout_name") or "",
+        "entrypoint": rollout.get("entrypoint") or "",
+        "pass_threshold": summary.get("pass_threshold", 1.0),
+        "n": inputs.get("n", 1),
+        "started_at": block.get("started_at"),
+        "completed_at": block.get("completed_at"),
+        "duration_ms": block.get("duration_ms"),
+    }
+    provenance: dict[str, Any] = manifest.get("provenance") or {}  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType, reportAssignmentType]
+    return UploadPlan(
+        run_dir=run_dir,
+        local_run_id=local_run_id,
+        manifest_digest=hashlib.sha256(manifest_bytes).hexdigest(),
+        run=run,
+        schema_versions={"manifest": 1, "index": 1},
+        provenance=dict(provenance),
+        files=files,
+    )
+
+
+def _upload_files(run_dir: Path, entries: list[Any], index_file: str) -> list[LocalFile]:
+    """The index, then each entry's trajectory and artifacts (regular files only)."""
+    files = [_local_file(run_dir, index_file)]
+    for entry in entries:
+        stem = f"row_{entry['row_index']}_run_{entry['run_index']}"
+        trajectory = run_dir / "trajectories" / f"{stem}.json"
+        if trajectory.is_file() and not trajectory.is_symlink():
+            document = _read_json(trajectory)
+            if not isinstance(document, dict) or document.get("session_id") != entry["rollout_id"]:  # pyright: ignore[reportUnknownMemberType]
+                raise CLIError(
+                    CLIErrorCode.VALIDATION,
+                    f"{trajectory} is not the trajectory of rollout {entry['rollout_id']}; "
+                    f"rebuild the run's projections (osmosis eval run --name {run_dir.name}).",
+                )
+            files.append(_local_file(run_dir, f"trajectories/{stem}.json"))
+        artifacts = run_dir / "artifacts" / stem
+        if artifacts.is_dir() and not artifacts.is_symlink():
+            for folder, dirs, names in os.walk(artifacts, followlinks=False):
+                dirs.sort()
+                for name in sorted(names):
+                    path = Path(folder) / name
+                    if path.is_symlink() or not path.is_file():
+                        continue
+                    relative = path.relative_to(run_dir).as_posix()
+                    if _UPLOADABLE.match(relative):
+                        files.append(_local_file(run_dir, relative))
+    return files
+
+
+def _unchanged(item: LocalFile) -> None:
+    try:
+        status = item.source.lstat()
+    except OSError:
+        status = None
+    if (
+        status is None
+        or status.st_size != item.size
+        or status.st_ino != item.inode
+        or status.st_mtime_ns != item.mtime_ns
+    ):
+        raise CLIError(
+            CLIErrorCode.CONFLICT,
+            f"{item.source} changed during the upload; wait for the run to settle, then "
+            "upload again (what was sent is kept and not sent twice).",
+            {"path": item.path},
+        )
+
+
+def upload_run(session: Session, plan: UploadPlan) -> dict[str, object]:
+    """Send ``plan`` to the platform (resuming an earlier upload of the same run) and
+    finalize it; the finalize answer."""
+    from osmosis_ai.platform.client import UploadInstructions
+
+    client = session.client
+    body = {
+        "schema_version": 1,
+        "local_run_id": plan.local_run_id,
+        "manifest_digest": plan.manifest_digest,
+        "run": plan.run,
+        "schema_versions": plan.schema_versions,
+        "provenance": plan.provenance,
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in plan.files],
+    }
+    opened = client.call("POST", f"{RUNS_PATH}/imports", json=body)
+    session_id = str(opened.get("session_id"))
+    base = f"{RUNS_PATH}/imports/{segment(session_id)}"
+    by_path = {f.path: f for f in plan.files}
+    states = {
+        str(f.get("path")): str(f.get("state"))
+        for f in opened.get("files", [])
+        if isinstance(f, dict)
+    }
+    pending = [f for f in plan.files if states.get(f.path) != "uploaded"]
+    sent = 0
+    if opened.get("status") != "finalized":
+        with session.transfers() as transfers:
+            for start in range(0, len(pending), UPLOAD_BATCH):
+                batch = pending[start : start + UPLOAD_BATCH]
+                answer = client.call(
+                    "POST", f"{base}/uploads", json={"paths": [f.path for f in batch]}
+                )
+                for signed in answer.get("files", []):
+                    if not isinstance(signed, dict):
+                        continue
+                    item = by_path[str(signed.get("path"))]  # pyright: ignore[reportUnknownArgumentType]
+                    _unchanged(item)
+                    instructions = client.model(
+                        UploadInstructions,
+                        signed.get("upload") or {},
+                        f"POST {base}/uploads",  # pyright: ignore[reportUnknownArgumentType]
+                    )
+                    transfers.upload(instructions, item.source)
+                    client.call("POST", f"{base}/uploads/complete", json={"path": item.path})
+                    sent += 1
+    finalized = client.call("POST", f"{base}/finalize", json={}, timeout=FINALIZE_TIMEOUT_S)
+    return {
+        **finalized,
+        "local_run_id": plan.local_run_id,
+        "files": len(plan.files),
+        "uploaded_files": sent,
+        "bytes": sum(f.size for f in plan.files),
+    }
+
+
+def upload_result_resource(answer: Mapping[str, object], plan: UploadPlan) -> dict[str, object]:
+    return {
+        "eval_run_id": answer.get("eval_run_id"),
+        "eval_run_name": answer.get("eval_run_name"),
+        "status": answer.get("run_status"),
+        "local_run_id": plan.local_run_id,
+        "run_dir": str(plan.run_dir),
+        "files": answer.get("files"),
+        "uploaded_files": answer.get("uploaded_files"),
+        "bytes": answer.get("bytes"),
+        "results": answer.get("results"),
+    }
+
+
+def lock_run(plan_dir: Path) -> Any:
+    """Hold the local run's lock (as ``osmosis eval run`` does) while it is uploaded."""
+    from osmosis_ai.eval.rundir import RunLock, RunLockedError
+
+    try:
+        return RunLock.acquire(plan_dir.parent, plan_dir.name)
+    except RunLockedError as exc:
+        raise CLIError(CLIErrorCode.CONFLICT, str(exc), {"run_dir": str(plan_dir)}) from None
