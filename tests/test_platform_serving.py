@@ -6,6 +6,7 @@ object store), restart reconciliation, and ``osmosis eval run`` against a deploy
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -531,3 +532,57 @@ def osmosis(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
         timeout=420,
         check=False,
     )
+
+
+def _vllm_on_gpu() -> bool:
+    from osmosis_ai.platform.serving import gpu_present
+
+    return importlib.util.find_spec("vllm") is not None and gpu_present()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not _vllm_on_gpu(), reason="needs an NVIDIA GPU and the vllm package")
+def test_vllm_engine_serves_a_full_checkpoint_on_a_gpu(tmp_path, tiny_models):
+    """On a machine with a GPU and vLLM, the manager picks vLLM and serves a deployment."""
+    import asyncio
+
+    from osmosis_ai.platform import serving
+    from osmosis_ai.platform.settings import load_settings
+    from osmosis_ai.platform.store.database import open_database
+
+    base_dir, _ = tiny_models
+    settings = load_settings(data_dir=tmp_path / "data")
+    database = open_database(settings)
+    assert serving.choose_engine() == "vllm"
+    spec = serving.DeploymentSpec(
+        model_id="m1",
+        name="tiny-full",
+        workspace_id="w",
+        source=deployments.CheckpointSource(folder=base_dir),
+        base_dir=None,
+    )
+    manager = serving.DeploymentManager(settings, database, ObjectStore(settings.objects_dir))
+
+    async def scenario() -> dict:
+        await manager.start()
+        try:
+            server = await manager._launch(spec)
+            async with httpx.AsyncClient(timeout=120) as client:
+                answer = await client.post(
+                    f"{server.base_url}/chat/completions",
+                    json={
+                        "model": "tiny-full",
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 4,
+                    },
+                )
+            return answer.json()
+        finally:
+            await manager.close()
+
+    try:
+        completion = asyncio.run(scenario())
+    finally:
+        database.dispose()
+    assert completion["model"] == "tiny-full"
+    assert completion["choices"][0]["message"]["role"] == "assistant"
