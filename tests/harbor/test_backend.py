@@ -416,3 +416,36 @@ async def test_max_queue_depth_bounds_rollouts_in_flight(
         with pytest.raises(asyncio.CancelledError):
             await job
     assert backend.has_capacity()
+
+
+def test_native_agents_are_wired_to_the_rollout_endpoint(
+    tmp_path: Path, task_builder: Callable[..., Path]
+):
+    task = task_builder("t")
+    url = "http://127.0.0.1:9/v1/rollouts/r1"
+    request = ExecutionRequest(
+        id="r1", prompt=[{"role": "user", "content": "x"}], agent_timeout_sec=30
+    )
+    terminus = make_backend(
+        tmp_path, task, agent="terminus-2", native_agent_kwargs={"max_turns": 5}
+    )
+    config = terminus._agent_config(request, url, "openai/my-model", SECRET, None)
+    assert (config.name, config.model_name, config.override_timeout_sec) == (
+        "terminus-2",
+        "openai/my-model",
+        30,
+    )
+    assert config.kwargs["api_base"] == url and config.kwargs["llm_kwargs"] == {"api_key": SECRET}
+    assert config.kwargs["enable_summarize"] is False and config.kwargs["max_turns"] == 5
+    mini = make_backend(tmp_path, task, agent="mini-swe-agent")
+    config = mini._agent_config(request, url, "openai/my-model", SECRET, "allowlist")
+    assert config.env["OPENAI_API_BASE"] == config.env["OPENAI_BASE_URL"] == url
+    assert config.env["OPENAI_API_KEY"] == SECRET
+    assert config.env["MSWEA_COST_TRACKING"] == "ignore_errors"
+    assert config.extra_allowed_hosts == ["127.0.0.1"]
+    from harbor.trial.queue import TrialQueue
+
+    from osmosis_ai.rollout.backend.harbor import HarborBackend
+
+    with pytest.warns(UserWarning, match="not to train"):
+        HarborBackend(orchestrator=TrialQueue(n_concurrent=1), tasks_dir=task, agent="oracle")
