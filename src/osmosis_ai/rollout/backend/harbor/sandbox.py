@@ -68,6 +68,7 @@ import subprocess
 import tarfile
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -481,8 +482,22 @@ def sandbox_missing_reason() -> str | None:
     return None
 
 
+_docker_checked: dict[str, tuple[float, bool]] = {}
+_DOCKER_CHECK_TTL_SEC = 60.0
+
+
 def docker_engine_answers(timeout_sec: float = 3.0) -> bool:
-    """Whether a Docker engine answers ``docker info`` here."""
+    """Whether a Docker engine answers ``docker info`` here (the answer is kept a minute)."""
+    now = time.monotonic()
+    kept = _docker_checked.get("answer")
+    if kept is not None and now - kept[0] < _DOCKER_CHECK_TTL_SEC:
+        return kept[1]
+    answer = _ask_docker(timeout_sec)
+    _docker_checked["answer"] = (now, answer)
+    return answer
+
+
+def _ask_docker(timeout_sec: float) -> bool:
     if shutil.which("docker") is None:
         return False
     try:
