@@ -102,8 +102,6 @@ def test_harbor_template_scores_full_marks(tmp_path: Path, name: str):
     kept = sorted(trials.glob("*/harbor/verifier/reward.json"))
     assert len(kept) == 8
     leaked = [
-        p
-        for p in trials.rglob("*")
-        if p.is_file() and b"sk-template-secret-77" in p.read_bytes()
+        p for p in trials.rglob("*") if p.is_file() and b"sk-template-secret-77" in p.read_bytes()
     ]
     assert leaked == []
