@@ -19,7 +19,9 @@ Layout (server parts need the ``platform`` extra and are imported only when used
                      login; rollouts.py: Git sync and the per-branch catalog, which takes the
                      Database because git must not run inside a transaction, and reuses a
                      fetch younger than settings.git_refresh_s for listings; models.py;
-                     runs.py + run_config.py: eval/training run submits, list, stop, logs);
+                     runs.py + run_config.py: eval/training run submits, list, stop, logs;
+                     eval_results.py: eval metrics from stored samples, the samples
+                     manifest and signed downloads, retry, local-run imports);
                      they raise errors.py
     gitsync.py       bare mirrors under the data dir, branches, rollouts/<name>/main.py
     admin.py         what `osmosis platform user|workspace|token|model` do, one transaction

@@ -63,6 +63,7 @@ FLUSH_INTERVAL_S = 0.2
 FLUSH_ITEMS = 64
 TRAJECTORY_WAIT_S = 30.0
 STATUS_CHECK_S = 1.0
+PROGRESS_S = 1.0
 RETRY_FLAG = "retry_failed"
 TRAJECTORY_FILE = "trajectory.json"
 ARTIFACTS_DIR = "artifacts"
@@ -179,6 +180,7 @@ class _Forwarder:
         self.lost = False
         self.failure: BaseException | None = None
         self._last_status_check = 0.0
+        self._last_progress = 0.0
         self._thread = threading.Thread(target=self._loop, name="eval-results", daemon=True)
 
     def start(self) -> None:
@@ -258,7 +260,8 @@ class _Forwarder:
                     self.without_trajectory.pop(key, None)
         if logs:
             reporter.logs(logs)
-        if tally is not None and ready:
+        if tally is not None and ready and (final or now - self._last_progress >= PROGRESS_S):
+            self._last_progress = now
             reporter.progress(
                 current_step=tally.done, total_steps=tally.total, examples_processed=tally.done
             )
@@ -415,6 +418,14 @@ class _EvalJob:
             reward=metrics.reward_stats.mean if metrics.reward_stats is not None else None,
             results={**summary, "duration_ms": result.duration_ms, "pending": result.pending},
         )
+        forwarded = self.forwarder
+        if forwarded.stored:
+            reporter.log(
+                f"Stored {forwarded.stored} samples; forwarding took "
+                f"{forwarded.cpu_s * 1000 / forwarded.stored:.2f} ms CPU per sample",
+                step="eval",
+                details={"samples": forwarded.stored, "cpu_ms": round(forwarded.cpu_s * 1000, 3)},
+            )
         stopped = self.ctx.stop.is_set() or result.cancelled
         if stopped and result.pending:
             self._end("stopped", None, message=f"Stopped with {result.pending} work items pending")
@@ -505,8 +516,19 @@ class _EvalJob:
             rows=rows_spec(rows) if rows else None,
             retry_failed=bool(results.get(RETRY_FLAG)),
             handle_signals=self._signals,
-            environ={**ctx.environ, **model_environment(ctx)},
+            environ={**ctx.environ, **self._model_environment()},
         )
+
+    def _model_environment(self) -> dict[str, str]:
+        found = model_environment(self.ctx)
+        self.redactor.add(*(v for k, v in found.items() if is_credential(k)))
+        if found:
+            self.ctx.reporter.log(
+                f"The model {self.run.model_path} is deployed on this platform: the run calls "
+                f"it at {found.get('OPENAI_BASE_URL', 'its serving endpoint')}",
+                step="eval",
+            )
+        return found
 
     def _dataset(self, folder: Path) -> Path:
         """Copy the run's dataset from the object store (once per work dir)."""
@@ -666,23 +688,15 @@ def metric_points(summary: Mapping[str, object]) -> dict[str, float | None]:
 def model_environment(ctx: JobContext) -> dict[str, str]:
     """Where the model of the run is served, when it is a model deployed on this platform.
 
-    A ``model_path`` that names a model deployed here is reached through the platform's
-    serving of it (OpenAI-compatible): the variables returned point the run's
-    ``openai/<model>`` client at it. Otherwise the run's own ``[env]`` and secrets
-    (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, provider keys) say where the model is, as
-    for ``osmosis eval run``, and nothing is added.
+    A ``model_path`` of ``openai/<name>`` naming a model deployed in the run's workspace is
+    reached through the platform's OpenAI-compatible endpoint with the workspace's serving
+    key (:func:`~osmosis_ai.platform.services.deployments.eval_model_environment`).
+    Otherwise the run's own ``[env]`` and secrets (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
+    provider keys) say where the model is, as for ``osmosis eval run``, and nothing is added.
     """
-    try:
-        from osmosis_ai.platform.services import (
-            deployments,  # pyright: ignore[reportAttributeAccessIssue, reportUnknownVariableType]
-        )
-    except ImportError:
-        return {}
-    endpoint = getattr(deployments, "eval_model_environment", None)  # pyright: ignore[reportUnknownArgumentType]
-    if endpoint is None:
-        return {}
-    found = endpoint(ctx.reporter.database, ctx.run, ctx.settings)
-    return dict(found) if isinstance(found, Mapping) else {}  # pyright: ignore[reportUnknownArgumentType]
+    from osmosis_ai.platform.services.deployments import eval_model_environment
+
+    return eval_model_environment(ctx.reporter.database, ctx.run, ctx.settings)
 
 
 def _signal_handlers() -> dict[signal.Signals, Callable[[int, FrameType | None], Any] | int]:
