@@ -539,3 +539,67 @@ def test_serve_starts_a_worker_that_runs_the_eval_job_and_stops_with_the_server(
     assert code in (0, 128 + signal.SIGTERM), (tmp_path / "serve.log").read_text()
     with platform.database.read() as session:
         assert all(w.stopped_at is not None for w in session.scalars(select(Worker)))
+
+
+# --- shared uv environments ----------------------------------------------------------------------
+
+FAKE_UV = """#!/bin/sh
+# uv stand-in: records each sync's environment folder and how long it took
+echo "start $UV_PROJECT_ENVIRONMENT $(date +%s.%N)" >> "$UV_RECORD"
+sleep 0.3
+echo "end $UV_PROJECT_ENVIRONMENT $(date +%s.%N)" >> "$UV_RECORD"
+"""
+
+
+def test_isolated_rollouts_share_one_uv_environment_per_lock_hash_built_one_at_a_time(
+    tmp_path, monkeypatch
+):
+    import threading
+
+    from osmosis_ai.controller.rollout_process import (
+        ENV_CACHE_ENV,
+        RolloutServerProcess,
+        environment_key,
+    )
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "uv").write_text(FAKE_UV)
+    (bin_dir / "uv").chmod(0o755)
+    record = tmp_path / "record.txt"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("UV_RECORD", str(record))
+    cache = tmp_path / "envs"
+    pyproject = '[project]\nname = "r"\nversion = "0"\ndependencies = ["osmosis-absent-pkg"]\n'
+    rollouts = []
+    for name in ("one", "two"):  # two checkouts of the same rollout: one environment
+        folder = tmp_path / name
+        write_files(folder, {"pyproject.toml": pyproject, "uv.lock": "lock v1\n", "main.py": ""})
+        rollouts.append(folder)
+    servers = [
+        RolloutServerProcess(
+            rollout_dir=folder,
+            entrypoint=folder / "main.py",
+            artifact_root=tmp_path / "artifacts",
+            env={ENV_CACHE_ENV: str(cache)},
+        )
+        for folder in rollouts
+    ]
+    threads = [threading.Thread(target=server.sync) for server in servers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expected = cache / environment_key(rollouts[0])
+    assert all(server.isolated and server.uv_environment == expected for server in servers)
+    events = [line.split() for line in record.read_text().splitlines()]
+    assert [e[0] for e in events] == ["start", "end", "start", "end"]  # never overlapping
+    assert {e[1] for e in events} == {str(expected)}
+    (rollouts[1] / "uv.lock").write_text("lock v2\n")
+    assert environment_key(rollouts[1]) != environment_key(rollouts[0])
+    # without the cache setting (osmosis eval run), uv keeps its own default
+    plain = RolloutServerProcess(
+        rollout_dir=rollouts[0], entrypoint=rollouts[0] / "main.py", artifact_root=tmp_path
+    )
+    plain.command()
+    assert plain.isolated and plain.uv_environment is None

@@ -61,8 +61,13 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             f"Serving on {settings.host} over plain HTTP: tokens cross the network in clear "
             "text. Put a TLS proxy in front and pass its address as --public-url.",
         )
-    with platform_errors(), WorkerProcesses(settings, args.workers):
-        serve(settings, log_level=args.log_level)
+    with platform_errors():
+        if args.workers:  # a refused database stops the start before any worker is started
+            from osmosis_ai.platform.store.database import open_database
+
+            open_database(settings).dispose()
+        with WorkerProcesses(settings, args.workers):
+            serve(settings, log_level=args.log_level)
     return OperationResult(
         operation="platform.serve",
         status="success",

@@ -48,6 +48,7 @@ from typing import IO, Any, Self
 from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SecretBox, secret_key
+from osmosis_ai.platform.errors import PlatformError
 from osmosis_ai.platform.services import work
 from osmosis_ai.platform.services.runs import TERMINAL, add_log, run_secret_values
 from osmosis_ai.platform.settings import (
@@ -650,7 +651,11 @@ def main(argv: list[str] | None = None) -> int:
         worker.request_stop()
 
     threading.Thread(target=watch, name="server-watch", daemon=True).start()
-    worker.run()
+    try:
+        worker.run()
+    except PlatformError as exc:
+        logger.error("the worker stopped: %s", exc.message)
+        return 1
     return 0
 
 
