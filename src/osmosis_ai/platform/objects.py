@@ -176,6 +176,43 @@ class ObjectStore:
             temp.unlink(missing_ok=True)
         return self.stat(key)
 
+    def put_files(self, items: Sequence[tuple[str, Path]]) -> None:
+        """Store each local file under its key (replacing any object there), in bulk.
+
+        A file on the store's filesystem is hard-linked in instead of copied (its bytes are
+        flushed where they lie); every other is copied. Each file is made durable, and each
+        folder that changed is synced once for the whole batch instead of once per file: the
+        cost of keeping many small files (an eval's trajectories) stays a fraction of a copy.
+        Later changes to a source file replaced by rename leave the stored object as it was.
+        """
+        folders: set[Path] = set()
+        for key, source in items:
+            target = self.path(key)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.parent.resolve().is_relative_to(self._objects):
+                raise InvalidObjectKey(key, "it resolves outside the object store")
+            temp = self._staging / f"link-{secrets.token_hex(8)}.tmp"
+            try:
+                try:
+                    os.link(source, temp)
+                except OSError:  # another filesystem, or links refused: copy the bytes
+                    with source.open("rb") as handle, temp.open("wb") as out:
+                        _copy(handle, out)
+                        out.flush()
+                        os.fsync(out.fileno())
+                else:
+                    fd = os.open(temp, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)  # cheap when its writer flushed it already
+                    finally:
+                        os.close(fd)
+                os.replace(temp, target)
+            finally:
+                temp.unlink(missing_ok=True)
+            folders.add(target.parent)
+        for folder in folders:
+            _fsync_dir(folder)
+
     async def receive(self, key: str, chunks: AsyncIterable[bytes], *, size: int) -> ObjectInfo:
         """Stream exactly ``size`` bytes from ``chunks`` into ``key``.
 

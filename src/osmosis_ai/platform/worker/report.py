@@ -158,16 +158,18 @@ class RunReporter:
         if not samples:
             return
         keys: dict[tuple[int, int], str | None] = {}
+        files: list[tuple[str, Path]] = []
         for sample in samples:
             key = None
             if sample.trajectory is not None and sample.trajectory.is_file():
                 key = trajectory_key(self.run_id, sample.row_index, sample.run_index)
-                self.put_file(key, sample.trajectory)
+                files.append((key, sample.trajectory))
             if sample.artifacts is not None and sample.artifacts.is_dir():
                 prefix = artifacts_prefix(self.run_id, sample.row_index, sample.run_index)
                 self.objects.delete_prefix(prefix + "/")
-                self.put_tree(prefix, sample.artifacts)
+                files.extend(_tree(prefix, sample.artifacts))
             keys[(sample.row_index, sample.run_index)] = key
+        self.objects.put_files(files)
         now = self.clock()
         rows = {
             (sample.row_index, sample.run_index): {
@@ -298,20 +300,26 @@ class RunReporter:
 
     def put_tree(self, prefix: str, root: Path) -> int:
         """Copy every regular file under ``root`` (symlinks skipped) to ``prefix/<rel>``."""
-        count = 0
-        for folder, dirs, files in os.walk(root, followlinks=False):
-            dirs.sort()
-            for name in sorted(files):
-                path = Path(folder) / name
-                if path.is_symlink() or not path.is_file():
-                    continue
-                relative = path.relative_to(root).as_posix()
-                self.put_file(f"{prefix}/{relative}", path)
-                count += 1
-        return count
+        files = _tree(prefix, root)
+        self.objects.put_files(files)
+        return len(files)
 
     def _held(self, session: Session) -> Run:
         return work.held_run(session, self.run_id, self.worker_id, self.attempt)
+
+
+def _tree(prefix: str, root: Path) -> list[tuple[str, Path]]:
+    """``(prefix/<relative path>, file)`` for every regular file under ``root``; symlinks are
+    skipped, so a link out of the folder never reaches the store."""
+    found: list[tuple[str, Path]] = []
+    for folder, dirs, names in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(folder) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            found.append((f"{prefix}/{path.relative_to(root).as_posix()}", path))
+    return found
 
 
 def _finite(value: float | None) -> float | None:
