@@ -40,7 +40,6 @@ from osmosis_ai.platform.services.runs import (
     get_run,
     seal_secrets,
 )
-from osmosis_ai.platform.services.work import MAX_ATTEMPTS
 from osmosis_ai.platform.store.orm import EvalImport, Run, RunLog, RunSample, User
 
 if TYPE_CHECKING:
@@ -383,13 +382,6 @@ def retry_run(
         raise Conflict(
             f"The eval run {run.name!r} has no failed items to retry.", code="NOTHING_TO_RETRY"
         )
-    if run.attempt >= MAX_ATTEMPTS:
-        raise Conflict(
-            f"The eval run {run.name!r} already ran {run.attempt} times, the most a run may; "
-            "submit it again with osmosis eval submit.",
-            code="RETRY_LIMIT",
-            details={"attempts": run.attempt},
-        )
     given = [name for name, scope in run.secret_scopes.items() if scope == "provided"]
     missing = [name for name in given if not provided.get(name)]
     if missing:
@@ -401,6 +393,7 @@ def retry_run(
         )
     run.provided_secrets = seal_secrets(box, run.id, {n: provided[n] for n in given})
     run.status = "pending"
+    run.attempts_base = run.attempt  # lost attempts count afresh from here
     run.completed_at = None
     run.error = None
     run.worker_id = None

@@ -10,7 +10,8 @@ behind each other); on SQLite the write transaction holds the database's write l
 serializes claims the same way.
 
 A run whose workers keep dying is not retried forever: after :data:`MAX_ATTEMPTS` claims it
-ends ``failed`` (eval) or ``crashed`` (training) with a message saying so.
+ends ``failed`` (eval) or ``crashed`` (training) with a message saying so. A retry of an
+ended run (``attempts_base`` = its attempt so far) gets a fresh count.
 
 Waking: a submit calls :func:`wake_workers` after its commit. Each live worker listens on a
 loopback UDP port it registered (one datagram wakes it at once); on PostgreSQL a ``NOTIFY``
@@ -107,12 +108,12 @@ def claim_run(
             return None
         worker = session.get(Worker, worker_id)
         where = worker.name if worker is not None else worker_id
-        resumed = run.attempt > 0
-        if run.attempt >= MAX_ATTEMPTS:
+        resumed = run.attempt > run.attempts_base
+        if run.attempt - run.attempts_base >= MAX_ATTEMPTS:
             status = "failed" if run.kind == "eval" else "crashed"
             message = (
-                f"Gave up after {run.attempt} attempts: the worker running it was lost each "
-                "time (killed, or stopped heartbeating)"
+                f"Gave up after {run.attempt - run.attempts_base} attempts: the worker "
+                "running it was lost each time (killed, or stopped heartbeating)"
             )
             run.error = message
             run.worker_id = None

@@ -478,6 +478,9 @@ class Run(Base):
     )
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # the attempt before the current execution began (0; a retry sets it to ``attempt``):
+    # only the claims since then count toward giving up on a run whose workers keep dying
+    attempts_base: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
 
 
