@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import sys
 import textwrap
 from pathlib import Path
 
@@ -202,3 +203,54 @@ def test_a_chosen_port_that_fails_to_bind_is_not_replaced(tmp_path):
     )
     with pytest.raises(RolloutServerError, match="exited with code 3"):
         server.start()
+
+
+def test_requires_python_that_excludes_this_interpreter_is_a_missing_dependency(tmp_path):
+    rollout = make_rollout(
+        tmp_path,
+        "",
+        '[project]\nname = "r"\nversion = "0"\nrequires-python = ">=99"\ndependencies = []\n',
+    )
+    check = check_dependencies(rollout)
+    assert not check.satisfied
+    here = ".".join(map(str, sys.version_info[:3]))
+    assert check.missing == (f"python>=99 (this is {here})",)
+    (rollout / "pyproject.toml").write_text(
+        '[project]\nname = "r"\nversion = "0"\nrequires-python = "not a version"\n'
+    )
+    with pytest.raises(RolloutServerError, match="invalid requires-python 'not a version'"):
+        check_dependencies(rollout)
+
+
+def test_a_chosen_interpreter_runs_the_server_without_the_dependency_check(tmp_path, monkeypatch):
+    # Dependencies this interpreter lacks would send it to uv; the chosen Python runs it as is.
+    rollout = make_rollout(
+        tmp_path,
+        "import os\nprint('venv:', os.environ.get('VIRTUAL_ENV'), flush=True)\n" + HEALTH_SERVER,
+        '[project]\nname = "r"\nversion = "0"\ndependencies = ["definitely-not-installed>=1"]\n',
+    )
+    monkeypatch.setenv("VIRTUAL_ENV", str(tmp_path / "elsewhere"))
+    lines: list[str] = []
+    server = RolloutServerProcess(
+        rollout_dir=rollout,
+        entrypoint=rollout / "main.py",
+        artifact_root=tmp_path / "t",
+        env={"OSMOSIS_ROLLOUT_PYTHON": sys.executable},
+        on_output=lines.append,
+    )
+    try:
+        server.start()
+        assert server.command() == [sys.executable, str(rollout / "main.py")]
+        assert not server.isolated
+    finally:
+        server.stop()
+    # The controller's virtualenv is not passed on to another interpreter.
+    assert "venv: None" in lines
+    missing = RolloutServerProcess(
+        rollout_dir=rollout,
+        entrypoint=rollout / "main.py",
+        artifact_root=tmp_path / "t",
+        env={"OSMOSIS_ROLLOUT_PYTHON": str(tmp_path / "no-such-python")},
+    )
+    with pytest.raises(RolloutServerError, match=r"OSMOSIS_ROLLOUT_PYTHON=.*no-such-python"):
+        missing.command()

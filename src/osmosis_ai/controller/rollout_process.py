@@ -7,6 +7,11 @@ already installed here, the current interpreter runs it (fast path); otherwise u
 an isolated environment from ``rollouts/<name>/pyproject.toml``. The server counts as up
 once ``/health`` answers with our instance id.
 
+``OSMOSIS_ROLLOUT_PYTHON`` names the interpreter that runs the server instead (no check, no
+uv): for a rollout that needs another Python than the controller's, say a Harbor rollout
+(Python 3.12+) beside a training run on 3.11, with an environment you built yourself. A
+rollout whose ``requires-python`` excludes the current interpreter never takes the fast path.
+
 With ``OSMOSIS_ROLLOUT_ENV_CACHE`` set (a platform worker sets it), the uv environment lives
 under that folder, named by a hash of the rollout's ``pyproject.toml``, ``uv.lock`` and
 ``.python-version``, so runs of the same rollout share one environment; it is built under a
@@ -50,6 +55,7 @@ INSTANCE_ID_ENV = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
 INSTANCE_HEADER = "x-osmosis-rollout-instance-id"
 RESERVED_ENV = (PORT_ENV, ARTIFACT_ROOT_ENV, INSTANCE_ID_ENV)
 ENV_CACHE_ENV = "OSMOSIS_ROLLOUT_ENV_CACHE"
+PYTHON_ENV = "OSMOSIS_ROLLOUT_PYTHON"
 UV_ENV = "UV_PROJECT_ENVIRONMENT"
 LOCK_FILES = ("pyproject.toml", "uv.lock", ".python-version")
 _POLL_SEC = 0.02  # /health polling: the first dispatch waits on it
@@ -80,6 +86,19 @@ def check_dependencies(rollout_dir: Path) -> DependencyCheck:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise RolloutServerError(f"cannot read {pyproject}: {exc}") from exc
     missing: list[str] = []
+    requires_python = data.get("project", {}).get("requires-python")
+    if requires_python:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            wanted = SpecifierSet(str(requires_python))
+        except InvalidSpecifier as exc:
+            raise RolloutServerError(
+                f"{pyproject}: invalid requires-python {requires_python!r}: {exc}"
+            ) from exc
+        here = ".".join(map(str, sys.version_info[:3]))
+        if not wanted.contains(here, prereleases=True):
+            missing.append(f"python{wanted} (this is {here})")
     for spec in data.get("project", {}).get("dependencies", []):
         try:
             requirement = Requirement(str(spec))
@@ -168,6 +187,7 @@ class RolloutServerProcess:
     _command: list[str] | None = field(default=None, init=False)
     _uv_environment: Path | None = field(default=None, init=False)
     _port_given: bool = field(default=False, init=False)
+    _python_chosen: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         # The child runs with cwd=rollout_dir, so relative paths would resolve twice.
@@ -190,6 +210,18 @@ class RolloutServerProcess:
         return self._command
 
     def _decide_command(self) -> list[str]:
+        chosen = self.env.get(PYTHON_ENV) or os.environ.get(PYTHON_ENV)
+        if chosen:
+            python = shutil.which(chosen)
+            if python is None:
+                raise RolloutServerError(
+                    f"{PYTHON_ENV}={chosen!r} is not an executable Python: point it at the "
+                    "interpreter of an environment that has the rollout's dependencies, or "
+                    "unset it"
+                )
+            self.isolated = False
+            self._python_chosen = True
+            return [python, str(self.entrypoint)]
         deps = check_dependencies(self.rollout_dir)
         if deps.satisfied:
             self.isolated = False
@@ -296,6 +328,8 @@ class RolloutServerProcess:
         if self.isolated:
             env.pop("VIRTUAL_ENV", None)  # uv picks the rollout's own environment
             self._uv_env(env)
+        elif self._python_chosen:
+            env.pop("VIRTUAL_ENV", None)  # the chosen interpreter's, not ours
         env.update(
             {
                 PORT_ENV: str(self.port),

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from strands import tool
 from strands.models.model import Model
+from strands.types.exceptions import MaxTokensReachedException
 
 from osmosis_ai.rollout import (
     AgentWorkflow,
@@ -113,7 +114,13 @@ class MultiplyWorkflow(AgentWorkflow[MultiplyConfig]):
             callback_handler=None,
         )
         for _ in range(MAX_INVOCATIONS):
-            result = await agent.invoke_async()
+            try:
+                result = await agent.invoke_async()
+            except MaxTokensReachedException:
+                # A reply cut at the token limit stays in the conversation: the grader
+                # scores it (no answer: 0.0) instead of the rollout failing, so training
+                # keeps the sample and learns to answer within the limit.
+                break
             if finished(cast(Mapping[str, Any], result.message)):
                 break
 
