@@ -1,6 +1,8 @@
 """Compatibility tier: the original osmosis-ai CLI (0.3.8), unmodified, submits, lists,
 shows, reads the logs of and stops eval and training runs on a real ``osmosis platform
-serve`` (child process, SQLite data dir, set up with the admin commands).
+serve`` (child process, SQLite data dir, set up with the admin commands). It runs no worker
+(``--workers 0``): the runs stay queued, which is what the listing and stopping check;
+tests/test_platform_compat_managed.py runs them.
 
 The original takes a workspace's identity only from an ``origin`` on github.com (``git
 remote get-url origin``, which applies ``insteadOf``, so a rewrite to a local path does not
@@ -89,7 +91,7 @@ class Served:
     def serve(self, log: Path) -> None:
         command = [
             str(OURS), "platform", "serve", "--data-dir", str(self.data_dir),
-            "--port", str(self.port), "--log-level", "info",
+            "--port", str(self.port), "--log-level", "info", "--workers", "0",
         ]  # fmt: skip
         with log.open("w") as sink:
             self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
