@@ -2,7 +2,8 @@
 # Create or refresh .venv-harbor: Python 3.12+ with the harbor extra, for the Harbor test tier
 # (`make test-harbor`). Harbor needs Python >= 3.12, so this tier lives beside the 3.11 .venv.
 # Skips the install when pyproject.toml has not changed since the last successful one.
-# Installs bubblewrap (the local sandbox's runner) with apt-get when it is missing and we are root.
+# Installs bubblewrap (the local sandbox's runner) and tmux (terminus-2's terminal) with apt-get
+# when they are missing and we are root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,13 +27,18 @@ find_python() {
   return 1
 }
 
-if ! command -v bwrap >/dev/null 2>&1; then
+# bubblewrap runs the sandbox; tmux is what Harbor's terminus-2 agent types into (the sandbox
+# shows the host's programs, so it must be on the host).
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup-harbor: installing bubblewrap"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } \
-      || echo "setup-harbor: bubblewrap could not be installed; the sandbox tests will skip"
+    echo "setup-harbor: installing ${missing[*]}"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; } \
+      || echo "setup-harbor: ${missing[*]} could not be installed; the tests that need them will skip"
   else
-    echo "setup-harbor: bubblewrap (bwrap) is missing and cannot be installed here; the sandbox tests will skip"
+    echo "setup-harbor: ${missing[*]} missing and cannot be installed here; the tests that need them will skip"
   fi
 fi
 
