@@ -186,3 +186,40 @@ def test_the_platform_refuses_bad_trainer_settings_and_points_at_advanced():
     assert "0 or more" in found["advanced_config.warmup.sft_steps"]
     assert found["advanced_config.warmup.epochs"].startswith("Unrecognized key")
     assert "less than 1" in found["advanced_config.lora.dropout"]
+
+
+def test_our_submit_sends_our_own_settings_under_advanced_so_the_platform_takes_them(ws):
+    from osmosis_ai.platform.submit import run_payload
+
+    config = load(
+        ws,
+        """
+        [training]
+        lr = 3e-4
+        loss_type = "dapo"
+        seed = 0
+
+        [advanced]
+        kl_coef = 0.0
+        custom = "kept"
+
+        [warmup]
+        sft_steps = 5
+
+        [lora]
+        enabled = false
+        """,
+    )
+    body = run_payload(config, {})
+    assert body["training_config"] == {"lr": 3e-4}
+    assert body["advanced_config"] == {
+        "kl_coef": 0.0,
+        "custom": "kept",
+        "loss_type": "dapo",
+        "seed": 0,
+        "warmup": {"sft_steps": 5},
+        "lora": {"enabled": False},
+    }
+    sections = {k.removesuffix("_config"): v for k, v in body.items() if k != "experiment_config"}
+    checked = submit(**sections)  # the platform's own check accepts what our CLI sends
+    assert checked.sections["advanced"]["loss_type"] == "dapo"

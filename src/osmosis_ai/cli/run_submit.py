@@ -128,16 +128,6 @@ def _load(kind: SubmitKind, path: Path, root: Path) -> EvalConfig | TrainingConf
             "model list`).",
             {"key": "experiment.model_path"},
         )
-    if isinstance(config, TrainingConfig):
-        local_only = [s for s in ("lora", "warmup") if s in config.raw]
-        if local_only:
-            raise CLIError(
-                CLIErrorCode.VALIDATION,
-                f"[{'], ['.join(local_only)}] configure `osmosis train run` only; the platform "
-                "does not take them. Move them under [advanced] ([advanced.warmup], "
-                "[advanced.lora]), which both read, or remove them to submit.",
-                {"sections": local_only},
-            )
     return config
 
 

@@ -252,6 +252,23 @@ def _table(config: EvalConfig | TrainingConfig, section: str) -> dict[str, objec
     return dict(value) if isinstance(value, dict) else {}
 
 
+def _fold_into_advanced(config: TrainingConfig, tables: dict[str, dict[str, object]]) -> None:
+    """Send our own training settings the way the platform (like the original CLI) takes
+    them: ``[training]`` keys such as ``loss_type`` and the ``[warmup]``/``[lora]`` tables go
+    under ``[advanced]`` by the same names (the config loader refused any given twice)."""
+    from osmosis_ai.workspace.config import ADVANCED_TABLES, ADVANCED_TRAINING_KEYS
+
+    advanced = tables["advanced"]
+    training = tables["training"]
+    for key in ADVANCED_TRAINING_KEYS:
+        if key in training:
+            advanced[key] = training.pop(key)
+    for name in ADVANCED_TABLES:
+        table = _table(config, name)
+        if table:
+            advanced[name] = table
+
+
 def run_payload(
     config: EvalConfig | TrainingConfig, provided_secrets: dict[str, str]
 ) -> dict[str, object]:
@@ -266,8 +283,10 @@ def run_payload(
         else ("training", "sampling", "checkpoints")
     )
     body: dict[str, object] = {"experiment_config": experiment_config(config)}
-    for section in (*sections, "advanced"):
-        table = _table(config, section)
+    tables = {section: _table(config, section) for section in (*sections, "advanced")}
+    if isinstance(config, TrainingConfig):
+        _fold_into_advanced(config, tables)
+    for section, table in tables.items():
         if table:
             body[f"{section}_config"] = table
     if config.env:
