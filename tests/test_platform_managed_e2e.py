@@ -316,3 +316,111 @@ def test_kill_9_of_the_server_loses_nothing_and_the_worker_carries_on(
     back = deployment.root / "back.jsonl"
     deployment.cli("dataset", "download", "calc", "-o", str(back))
     assert back.read_bytes() == (deployment.clone / "data" / "calc.jsonl").read_bytes()
+
+
+LEARNING_TRAINING = """\
+[experiment]
+rollout = "copy-digit"
+entrypoint = "main.py"
+model_path = "tiny"
+dataset = "copy-digit"
+
+[training]
+lr = 1e-3
+total_epochs = 32
+n_samples_per_prompt = 8
+rollout_batch_size = 8
+max_prompt_length = 64
+max_response_length = 4
+agent_workflow_timeout_s = 60
+grader_timeout_s = 30
+loss_type = "dapo"
+kl_coef = 0.0
+seed = 0
+
+[checkpoints]
+eval_interval = 40
+checkpoint_save_freq = 20
+
+[warmup]
+sft_steps = 60
+lr = 1e-3
+batch_size = 8
+
+[secrets]
+required = []
+"""
+
+
+@pytest.mark.timeout(1200)
+def test_a_submitted_training_learns_and_its_checkpoint_serves_an_eval_run(
+    tmp_path, model: ScriptedModelServer
+):
+    pytest.importorskip("trl", reason="needs the 'train' extra")
+    from osmosis_ai.train.demo import setup_workspace
+    from osmosis_ai.train.tiny_model import build_tiny_model
+
+    made = Deployment(tmp_path, model.base_url, rows=4)
+    try:
+        setup_workspace(made.clone)
+        (made.clone / "configs" / "training" / "copy-digit.toml").write_text(LEARNING_TRAINING)
+        git(made.clone, "add", "-A")
+        git(made.clone, "commit", "-q", "-m", "copy-digit")
+        git(made.clone, "push", "-q", "origin", "main")
+        tiny = build_tiny_model(tmp_path / "tiny")
+        made.admin("model", "add", "tiny", "--path", str(tiny))
+        made.serve(workers=1)
+        made.cli("dataset", "upload", "data/copy-digit.jsonl", "-y")
+        # the template's own sections ([warmup], loss_type in [training]) submit as written
+        name = made.cli("train", "submit", "configs/training/copy-digit.toml", "-y")["resource"][
+            "name"
+        ]
+        deadline = time.monotonic() + 1000
+        while True:
+            info = made.cli("train", "info", name)
+            run = info["data"].get("training_run", info["data"])
+            if run["status"] not in ("pending", "queued", "running"):
+                break
+            assert time.monotonic() < deadline, f"training {name} still {run['status']}"
+            time.sleep(1)
+        assert run["status"] == "finished", made.cli("train", "logs", name, "--limit", "200")
+        export = info["data"]["metrics"]
+        rewards = next(m for m in export["metrics"] if m["key"] == "training_reward")["data"]
+        values = [point["value"] for point in rewards]
+        assert len(values) == 40
+        first, last = sum(values[:10]) / 10, sum(values[-10:]) / 10
+        print(f"managed training reward: first 10 steps {first:.3f}, last 10 {last:.3f}")
+        assert last >= first + 0.15, (first, last)
+        checkpoints = [c["checkpoint_step"] for c in info["data"]["checkpoints"]]
+        assert checkpoints == [20, 40]
+
+        lora = made.cli("model", "list", "--type", "lora")["items"]
+        trained = next(m for m in lora if m["checkpoint_step"] == 40)
+        assert trained["training_run_name"] == name
+        deployed = made.cli("model", "deploy", trained["model_name"])
+        assert deployed["resource"]["status"] == "active"
+        again = made.cli("model", "deploy", trained["model_name"])  # idempotent
+        assert again["resource"]["status"] == "active"
+
+        config = made.clone / "configs" / "eval" / "copy-deployed.toml"
+        config.write_text(
+            '[experiment]\nrollout = "copy-digit"\nentrypoint = "main.py"\n'
+            f'model_path = "openai/{trained["model_name"]}"\ndataset = "copy-digit"\n\n'
+            "[evaluation]\nbatch_size = 4\n\n[secrets]\nrequired = []\n"
+        )
+        local = dict(made.env)
+        local |= {"OPENAI_BASE_URL": f"{made.url}/v1", "OPENAI_API_KEY": made.env["OSMOSIS_TOKEN"]}
+        done = subprocess.run(
+            [*OSMOSIS, "--json", "eval", "run", str(config), "--dataset-file",
+             "data/copy-digit.jsonl", "-y", "--name", "deployed"],
+            cwd=made.clone, env=local, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-4000:]
+        result = json.loads(done.stdout)["resource"]
+        assert result["succeeded"] == 10 and result["failed"] == 0
+        print(f"eval of the deployed checkpoint: pass rate {result['metrics']['pass_rate']}")
+        assert made.cli("model", "undeploy", trained["model_name"])["resource"]["status"] == (
+            "inactive"
+        )
+    finally:
+        made.close()
