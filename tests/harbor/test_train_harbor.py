@@ -11,10 +11,12 @@ rollout server runs on this interpreter through ``OSMOSIS_ROLLOUT_PYTHON``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,9 @@ def test_train_run_steps_through_harbor_trials(tmp_path: Path):
         given = json.loads((harbor / "agent" / "container_input.json").read_text())
         assert given["chat_completions_url"].startswith("http://127.0.0.1:")
         assert given["api_key"] == "<redacted>"  # the run's proxy token stays out of the files
+    # The rollout server's backend, stopped with the run, left no scratch copies behind.
+    task = (workspace / "rollouts" / TEMPLATE / "multiply_harbor_task").resolve()
+    scratch = Path(tempfile.gettempdir()) / (
+        "osmosis-harbor-" + hashlib.sha256(str(task).encode()).hexdigest()[:12]
+    )
+    assert not scratch.exists(), sorted(str(p) for p in scratch.rglob("*"))[:10]

@@ -23,6 +23,7 @@ Harbor itself is imported only when a backend is constructed (Python 3.12+ with 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import copy
 import logging
@@ -31,6 +32,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
@@ -108,6 +110,11 @@ _CODE_IGNORED = (
     ".mypy_cache",
 )
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_STAGE_NAME = re.compile(r"^(\d+)-[0-9a-f]+$")
+# Staged code copies of this process's backends, removed at exit if shutdown did not, and
+# their scratch roots, whose empty folders go at exit too.
+_LIVE_STAGES: set[Path] = set()
+_SCRATCH_ROOTS: set[Path] = set()
 _DOCKER_STAGE = ".osmosis-sdk"
 
 # Harbor exception type names -> (phase, category). Harbor records exceptions by name.
@@ -262,6 +269,8 @@ class HarborBackend(ExecutionBackend):
         self.orchestrator = orchestrator
         self.environment_config = environment_config
         self._code_stage: Path | None = None
+        self._stage_lock = threading.Lock()  # trials are planned in threads, concurrently
+        _SCRATCH_ROOTS.add(self.scratch_root)
         self._tracked: dict[str, _Tracked] = {}
         self._by_trial: dict[str, str] = {}
         self._finished: deque[tuple[float, str, _Tracked]] = deque()
@@ -432,6 +441,8 @@ class HarborBackend(ExecutionBackend):
 
     async def shutdown(self) -> None:
         self.cancel_rollouts(all=True)
+        self._drop_code_stage()
+        _remove_empty_scratch(self.scratch_root)
 
     # -- prewarm -------------------------------------------------------------------------
 
@@ -448,17 +459,24 @@ class HarborBackend(ExecutionBackend):
             )
             tasks = {name: dataset_task(self.tasks_dir, name) for name in names}
         out: dict[str, str] = {}
-        for name, path in tasks.items():
-            config = TrialConfig(
-                task=TaskConfig(path=path),
-                trials_dir=self.scratch_root / "prewarm",
-                install_only=True,
-                agent=self._agent_config(None, "", "", None, None),
-                environment=self._environment_config(""),
-            )
-            result = await self.orchestrator.submit(config)
-            info = result.exception_info
-            out[name] = "ok" if info is None else f"{info.exception_type}: {info.exception_message}"
+        # The install-only trials' folders are of no use afterwards.
+        trials_dir = self.scratch_root / "prewarm" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            for name, path in tasks.items():
+                config = TrialConfig(
+                    task=TaskConfig(path=path),
+                    trials_dir=trials_dir,
+                    install_only=True,
+                    agent=self._agent_config(None, "", "", None, None),
+                    environment=self._environment_config(""),
+                )
+                result = await self.orchestrator.submit(config)
+                info = result.exception_info
+                out[name] = (
+                    "ok" if info is None else f"{info.exception_type}: {info.exception_message}"
+                )
+        finally:
+            await asyncio.to_thread(remove_tree, trials_dir)
         return out
 
     @contextlib.asynccontextmanager
@@ -885,19 +903,44 @@ class HarborBackend(ExecutionBackend):
         return []
 
     def _staged_code(self) -> Path:
-        """A copy of ``code_dir`` without VCS folders, virtualenvs and caches, made once."""
-        if self._code_stage is None or not self._code_stage.is_dir():
+        """A copy of ``code_dir`` without VCS folders, virtualenvs and caches, made once.
+
+        It lives under ``<scratch root>/code/<pid>-<id>`` until :meth:`shutdown` or the
+        process's exit; copies left by processes that are gone (killed with -9) are removed
+        the next time a copy is made.
+        """
+        with self._stage_lock:
+            if self._code_stage is not None and self._code_stage.is_dir():
+                return self._code_stage
             assert self.code_dir is not None
-            stage = self.scratch_root / "code" / uuid.uuid4().hex[:8]
-            shutil.copytree(
-                self.code_dir,
-                stage,
-                symlinks=False,
-                ignore=shutil.ignore_patterns(*_CODE_IGNORED),
-                ignore_dangling_symlinks=True,
-            )
+            stages = self.scratch_root / "code"
+            _remove_orphan_stages(stages)
+            stage = stages / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            try:
+                shutil.copytree(
+                    self.code_dir,
+                    stage,
+                    symlinks=False,
+                    ignore=shutil.ignore_patterns(*_CODE_IGNORED),
+                    ignore_dangling_symlinks=True,
+                )
+            except BaseException:
+                remove_tree(stage)
+                raise
+            self._drop_code_stage_locked()
             self._code_stage = stage
-        return self._code_stage
+            _LIVE_STAGES.add(stage)
+            return stage
+
+    def _drop_code_stage(self) -> None:
+        with self._stage_lock:
+            self._drop_code_stage_locked()
+
+    def _drop_code_stage_locked(self) -> None:
+        stage, self._code_stage = self._code_stage, None
+        if stage is not None:
+            _LIVE_STAGES.discard(stage)
+            _remove_stage(stage)
 
     def _register_hooks(self) -> None:
         from harbor.trial.hooks import TrialEvent
@@ -987,6 +1030,53 @@ def _check_orchestrator(orchestrator: Any) -> None:
             "treats a trial's end as final, so keep RetryConfig(max_retries=0)",
             stacklevel=3,
         )
+
+
+@atexit.register
+def _remove_live_stages() -> None:
+    for stage in list(_LIVE_STAGES):
+        _remove_stage(stage)
+    _LIVE_STAGES.clear()
+    for root in list(_SCRATCH_ROOTS):
+        _remove_empty_scratch(root)
+
+
+def _remove_stage(stage: Path) -> None:
+    """Remove a staged code copy, then the scratch folders left empty."""
+    remove_tree(stage)
+    _remove_empty_scratch(stage.parent.parent)
+
+
+def _remove_empty_scratch(root: Path) -> None:
+    """Remove the scratch root's empty folders, and the root once empty; kept trials
+    (failed ones, in the default trials folder) keep theirs."""
+    for folder in (*(root / name for name in ("code", "tasks", "prewarm", "trials")), root):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _remove_orphan_stages(stages: Path) -> None:
+    """Remove staged code copies whose process is gone (``<pid>-<id>`` folders)."""
+    try:
+        entries = list(stages.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = _STAGE_NAME.match(entry.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        if not _process_alive(int(match.group(1))):
+            remove_tree(entry)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _default_environment() -> Any:
