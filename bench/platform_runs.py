@@ -82,7 +82,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float
 
 
 def make_workspace(root: Path, rows: int, concurrency: int) -> tuple[Path, Path]:
-    bare = root / "git" / "bench.git"
+    bare = root / "git" / "acme" / "bench.git"
     bare.parent.mkdir(parents=True)
     git(root, "init", "-q", "--bare", "-b", "main", str(bare))
     clone = root / "ws"
@@ -194,17 +194,43 @@ def managed_eval(platform: Platform, clone: Path, secrets: Path) -> dict[str, An
             if run["status"] in ("finished", "failed", "stopped") or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        run_logs = client.get(f"/api/cli/eval-runs/{run_id}/logs", params={"limit": 200})
+        entries = run_logs.raise_for_status().json()["logs"]
     if run["status"] != "finished":
         raise RuntimeError(f"managed run {run_id} ended {run['status']}")
     logs = next((platform.data_dir / "work" / "runs" / run_id).rglob("logs.txt"))
     first, last, results = dispatch_window(logs)
-    created = datetime.fromisoformat(run["created_at"].replace("Z", "+00:00")).timestamp()
+    created = _epoch(run["created_at"])
+    # where the start-up went: the worker's own log lines, then the eval's stage lines
+    stages: dict[str, float] = {}
+    for entry in entries:
+        message = entry["message"]
+        for mark, text in (
+            ("claimed", "Started on worker"),
+            ("child_up", "Preparing the run"),
+            ("checked_out", "Code: "),
+        ):
+            if mark not in stages and text in message:
+                stages[mark] = _epoch(entry["timestamp"]) - created
+    for line in logs.read_text().splitlines():
+        for mark, text in (
+            ("server_spawned", "starting rollout server"),
+            ("model_checked", "model answered"),
+            ("server_healthy", "rollout server healthy"),
+        ):
+            if mark not in stages and text in line:
+                stages[mark] = log_time(line) - created
     return {
         "start_s": first - created,
+        "stages_s": {k: round(v, 3) for k, v in sorted(stages.items(), key=lambda kv: kv[1])},
         "rate": results / (last - first),
         "results": results,
         "pass_rate": (run.get("results") or {}).get("pass_rate"),
     }
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def reporter_overhead(root: Path, samples: int, batch: int) -> float:
@@ -287,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rows": args.rows,
                 "concurrency": args.concurrency,
                 "start_s": [round(r["start_s"], 3) for r in runs],
+                "start_stages_s": [r["stages_s"] for r in runs],
                 "start_s_median": statistics.median(r["start_s"] for r in runs),
                 "local_items_per_s": local_rate,
                 "managed_items_per_s": managed_rate,
@@ -303,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         f"submit -> first dispatch: median {figures['start_s_median']:.2f} s "
         f"(each: {figures['start_s']}; target <= {TARGETS['start_s']:g} s)"
     )
+    for stages in figures["start_stages_s"]:
+        print(f"  start-up after submit: {stages}")
     print(
         f"throughput: managed {figures['managed_items_per_s']:.1f} items/s, local "
         f"{figures['local_items_per_s']:.1f} items/s, ratio {figures['ratio']:.2f} "

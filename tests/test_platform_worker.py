@@ -397,6 +397,31 @@ def test_a_worker_claims_on_a_wake_up_runs_the_job_and_stops_cleanly(platform):
         assert all(w.stopped_at is not None for w in session.scalars(select(Worker)))
 
 
+def test_a_claimed_run_goes_to_the_standby_process_started_ahead_of_it(platform):
+    import psutil
+
+    worker = platform.start_worker()
+    deadline = time.monotonic() + WAIT_S
+    standby: list[int] = []
+    while not standby:
+        standby = [
+            child.pid
+            for child in psutil.Process(worker.pid).children()
+            if "--standby" in child.cmdline()
+        ]
+        assert time.monotonic() < deadline, "the worker started no standby process"
+        time.sleep(0.05)
+    run_id = platform.submit("finish")
+    platform.wait_status(run_id, "finished")
+    assert f"(pid {standby[0]}, new)" in platform.log_text(run_id)
+    # the next claim finds a new standby waiting
+    second = platform.submit("finish")
+    platform.wait_status(second, "finished")
+    assert f"(pid {standby[0]}," not in platform.log_text(second)
+    assert stop_worker(worker) == 0
+    assert not [c for c in psutil.Process().children(recursive=True) if "--standby" in c.cmdline()]
+
+
 def test_stopping_a_run_ends_it_stopped_and_leaves_no_process(platform):
     platform.start_worker(heartbeat_s=0.5)
     run_id = platform.submit("wait")

@@ -1,5 +1,7 @@
 """One attempt of one run, in its own process: ``python -m osmosis_ai.platform.worker.execute
-SPEC.json``.
+SPEC.json``, or started ahead of a claim with ``--standby`` (it imports what runs need, then
+reads the spec's path from its stdin, so a claimed run does not wait for an interpreter to
+start).
 
 The worker (:mod:`osmosis_ai.platform.worker.runner`) starts this process in a session of
 its own, with its stdin a pipe it never writes to. The process:
@@ -126,10 +128,26 @@ class AttemptReporter(RunReporter):
         super().end(status, error=error, message=message)
 
 
+STANDBY = "--standby"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == [STANDBY]:
+        # Started ahead of any claim, so a claimed run skips this interpreter's start-up:
+        # import what runs need, then wait for the spec's path on stdin (end of file: the
+        # worker went away or did not need this process).
+        _warm_up()
+        line = _read_line(0)
+        if not line:
+            return 0
+        args = [line]
+        os.chdir(Path(line).parent)  # the run's work dir holds its spec
     if len(args) != 1:
-        print("usage: python -m osmosis_ai.platform.worker.execute SPEC.json", file=sys.stderr)
+        print(
+            f"usage: python -m osmosis_ai.platform.worker.execute SPEC.json | {STANDBY}",
+            file=sys.stderr,
+        )
         return 2
     spec = RunSpec.read(Path(args[0]))
     stop = threading.Event()
@@ -146,6 +164,25 @@ def main(argv: list[str] | None = None) -> int:
         return _execute(spec, stop, releasing)
     finally:
         kill_descendants()  # nothing this attempt started outlives it
+
+
+def _warm_up() -> None:
+    """Import the default jobs and what they run on (not the training libraries, which
+    a training job loads itself)."""
+    for path in DEFAULT_JOBS.values():
+        importlib.import_module(path.partition(":")[0])
+    importlib.import_module("osmosis_ai.eval.runner")
+
+
+def _read_line(fd: int) -> str:
+    """One line from ``fd`` without buffering past it ('' at end of file)."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            return ""
+        data += chunk
+    return data.decode().strip()
 
 
 def _watch_worker() -> None:

@@ -59,7 +59,13 @@ from osmosis_ai.platform.settings import (
 )
 from osmosis_ai.platform.store.database import Database, open_database
 from osmosis_ai.platform.store.orm import Run, utcnow
-from osmosis_ai.platform.worker.execute import DEFAULT_JOBS, RELEASE_SIGNAL, RunSpec, work_dir_of
+from osmosis_ai.platform.worker.execute import (
+    DEFAULT_JOBS,
+    RELEASE_SIGNAL,
+    STANDBY,
+    RunSpec,
+    work_dir_of,
+)
 from osmosis_ai.platform.worker.processes import kill_tree, signal_tree
 
 logger = logging.getLogger("osmosis_ai.platform.worker")
@@ -129,6 +135,7 @@ class Worker:
         self._listener: _Listener | None = None
         self._database: Database | None = None
         self._box: SecretBox | None = None
+        self._standby: subprocess.Popen[bytes] | None = None
 
     # --- running -------------------------------------------------------------------------
 
@@ -137,6 +144,7 @@ class Worker:
         handled = self._install_signals()
         database = self._database = open_database(self.settings)  # migrated, under a lock
         try:
+            self._start_standby()  # warming up while this worker registers
             self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self._udp.bind(("127.0.0.1", 0))
             self._udp.setblocking(False)
@@ -163,6 +171,8 @@ class Worker:
             self._loop()
             self._shutdown()
         finally:
+            if self._standby is not None:
+                _close_standby(self._standby)
             for sig, previous in handled.items():
                 signal.signal(sig, previous)
             if self._listener is not None:
@@ -299,15 +309,10 @@ class Worker:
                 work_dir=str(work_dir),
                 job=job,
             ).write(spec_path)
-            process = subprocess.Popen(
-                [self.python, "-m", "osmosis_ai.platform.worker.execute", str(spec_path)],
-                cwd=work_dir,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            process = self._take_standby(spec_path)
+            if process is None:
+                process = self._popen([str(spec_path)], cwd=work_dir)
+            self._start_standby()
         except Exception as exc:
             self._end(
                 claim,
@@ -322,6 +327,42 @@ class Worker:
         )
         child.reader.start()
         self.children[claim.run_id] = child
+
+    def _popen(self, args: list[str], *, cwd: Path) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [self.python, "-m", "osmosis_ai.platform.worker.execute", *args],
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def _start_standby(self) -> None:
+        """Keep one run process started and warmed up ahead of the next claim."""
+        if self._standby is not None and self._standby.poll() is None:
+            return
+        try:
+            folder = self.settings.data_dir / "work"
+            folder.mkdir(parents=True, exist_ok=True)
+            self._standby = self._popen([STANDBY], cwd=folder)
+        except OSError:
+            logger.exception("starting a standby run process failed; runs start cold")
+            self._standby = None
+
+    def _take_standby(self, spec_path: Path) -> subprocess.Popen[bytes] | None:
+        """The standby process, handed ``spec_path``; ``None`` if there is none alive."""
+        process, self._standby = self._standby, None
+        if process is None or process.poll() is not None or process.stdin is None:
+            return None
+        try:
+            process.stdin.write(f"{spec_path}\n".encode())
+            process.stdin.flush()
+        except OSError:
+            _close_standby(process)
+            return None
+        return process
 
     def _pump(self, child: _Child) -> None:
         """Copy the run process's output to its attempt log and keep the last lines."""
@@ -618,6 +659,16 @@ class WorkerProcesses:
             if process.stdin is not None:
                 with contextlib.suppress(OSError):
                     process.stdin.close()
+
+
+def _close_standby(process: subprocess.Popen[bytes]) -> None:
+    """End an unused standby process: it holds nothing yet, so it is killed outright."""
+    if process.stdin is not None:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+    with contextlib.suppress(OSError):
+        process.kill()
+    process.wait()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
