@@ -5,7 +5,7 @@ Measures, over N sequential trials of a minimal task (``FROM ubuntu`` + ``WORKDI
 * ``sandbox``: :class:`LocalSandboxEnvironment` start + one ``true`` exec + stop (ms p50/p95),
   for the ``public`` and ``no-network`` (with one forwarded endpoint) policies;
 * ``docker``: Harbor's own ``docker`` environment on the same task, in the same run, where
-  a Docker engine answers (else it says why the baseline is missing);
+  a Docker engine answers and Compose V2 is installed (else it says which is missing);
 * ``concurrent``: 8 sandboxes started, used and stopped at once, K rounds; errors counted.
 
 Target: sandbox p50 <= 150 ms. Needs Python >= 3.12 with the harbor extra, Linux, root and
@@ -124,6 +124,22 @@ async def concurrent(rounds: int, width: int, task_dir: Path, work: Path) -> Non
     )
 
 
+def docker_baseline_missing(engine_answers: bool) -> str | None:
+    """Why Harbor's docker environment cannot run here, or None. Harbor drives it with
+    ``docker compose`` (Compose V2). ``scripts/docker_tier.sh start DIR`` starts an engine
+    where one can run; export the ``DOCKER_HOST`` it prints."""
+    import subprocess
+
+    if not engine_answers:
+        return "no Docker engine answers `docker info` (scripts/docker_tier.sh start DIR)"
+    compose = subprocess.run(
+        ["docker", "compose", "version"], capture_output=True, text=True, check=False
+    )
+    if compose.returncode != 0:
+        return "`docker compose` (Compose V2) is not installed; Debian 12 ships only 1.29"
+    return None
+
+
 def leftover_mounts() -> int:
     lines = Path("/proc/self/mountinfo").read_text().splitlines()
     return sum("osmosis-sandbox" in line for line in lines)
@@ -163,15 +179,12 @@ async def main() -> int:
             network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK),
             forward_endpoints=["http://127.0.0.1:9/v1"],
         )
-        if docker_engine_answers():
+        if (missing := docker_baseline_missing(docker_engine_answers())) is None:
             await series(
                 "docker (Harbor's own)", "docker", max(3, args.trials // 5), task_dir, work
             )
         else:
-            print(
-                f"{'docker (Harbor own env)':<28} baseline unavailable: "
-                "no Docker engine answers `docker info` here"
-            )
+            print(f"{'docker (Harbor own env)':<28} baseline unavailable: {missing}")
         await concurrent(args.rounds, args.width, task_dir, work)
     return 0
 
