@@ -212,13 +212,40 @@ def _plain(row: DatasetRow) -> list[dict[str, Any]]:
     return [dict(m) for m in row.initial_messages] or [{"role": "user", "content": ""}]
 
 
-def grpo_config(plan: TrainPlan, output_dir: Path, device: str, report_to: list[str]) -> Any:
+def grpo_config(
+    plan: TrainPlan,
+    output_dir: Path,
+    device: str,
+    report_to: list[str],
+    *,
+    world: int = 1,
+    sharded: bool = False,
+) -> Any:
+    """TRL's settings for the plan. ``world`` trainer processes (torch.distributed already
+    set up) each take an equal share of a step's completions; ``sharded``: FSDP over them
+    (GPUs), else data-parallel replicas."""
     from trl.trainer.grpo_config import GRPOConfig
 
     config, options = plan.config, plan.options
     training, sampling = config.training, config.sampling
     completions = plan.batch * plan.group
-    micro = options.micro_batch_size or completions
+    if completions % world:
+        raise ConfigError(
+            f"{world} trainer workers cannot share the {completions} completions of a step "
+            "equally: choose a worker count that divides it"
+        )
+    share = completions // world
+    micro = options.micro_batch_size or share
+    if share % micro:
+        raise ConfigError(
+            f"micro_batch_size={micro} must divide each of the {world} trainer workers' "
+            f"{share} completions a step"
+        )
+    distributed: dict[str, Any] = {}
+    if world > 1:
+        distributed["ddp_find_unused_parameters"] = False
+        if sharded:
+            distributed["fsdp"] = "full_shard auto_wrap"
     vllm: dict[str, Any] = {}
     if options.vllm_server_url:
         vllm = {
@@ -230,7 +257,7 @@ def grpo_config(plan: TrainPlan, output_dir: Path, device: str, report_to: list[
         output_dir=str(output_dir),
         max_steps=plan.steps,
         per_device_train_batch_size=micro,
-        gradient_accumulation_steps=completions // micro,
+        gradient_accumulation_steps=share // micro,
         num_generations=plan.group,
         learning_rate=training.lr,
         lr_scheduler_type="constant",
@@ -246,6 +273,7 @@ def grpo_config(plan: TrainPlan, output_dir: Path, device: str, report_to: list[
         report_to=report_to,
         log_completions=False,
         **vllm,
+        **distributed,
         **_common_args(device, training.seed),
     )
 

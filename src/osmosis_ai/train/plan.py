@@ -47,6 +47,8 @@ class TrainRunOptions:
     the resumable trainer state every N steps (1: a kill loses at most the current step).
     ``strict_token_chain`` fails the run when an agent's calls do not extend one another.
     ``eval_rows``/``eval_samples`` size the validation set (first rows of the dataset).
+    ``ray_address`` (or ``[advanced.ray] address``) runs the steps on a Ray cluster with
+    ``trainer_workers`` trainer workers and ``rollout_servers`` rollout servers.
     """
 
     config_path: Path
@@ -65,10 +67,24 @@ class TrainRunOptions:
     torch_threads: int | None = None
     device: str | None = None
     vllm_server_url: str | None = None
+    ray_address: str | None = None  # on a Ray cluster: "auto", "local" or host:port
+    trainer_workers: int | None = None  # on Ray (0: one per node)
+    rollout_servers: int | None = None  # on Ray (0: one per node)
     environ: Mapping[str, str] | None = None
     handle_signals: bool = True
     stop: threading.Event | None = None  # set: finish the step, save, and stop
     verbose: bool = False
+
+
+@dataclass(frozen=True)
+class RayPlacement:
+    """Where a run on Ray goes: the cluster's address and how many trainer workers and
+    rollout servers it places (``0``: one per node, counted once connected)."""
+
+    address: str
+    trainer_workers: int
+    rollout_servers: int
+    max_failures: int
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,7 @@ class TrainPlan:
     model_ref: str
     secrets: dict[str, str] = field(default_factory=dict[str, str])
     warnings: tuple[tuple[str, str], ...] = ()
+    ray: RayPlacement | None = None
 
     @property
     def workspace(self) -> Workspace:
@@ -145,6 +162,7 @@ def build_plan(options: TrainRunOptions) -> TrainPlan:
             f"micro_batch_size={micro} must divide the {batch * group} completions of a step "
             f"(rollout_batch_size {batch} × n_samples_per_prompt {group})"
         )
+    ray = _placement(options, config, batch * group)
     model_ref = _model_ref(config)
     secrets = _secrets(config, options.environ if options.environ is not None else os.environ)
     sha = dataset_sha256(dataset_path)
@@ -170,7 +188,52 @@ def build_plan(options: TrainRunOptions) -> TrainPlan:
         model_ref=model_ref,
         secrets=secrets,
         warnings=tuple(warnings),
+        ray=ray,
     )
+
+
+def _placement(
+    options: TrainRunOptions, config: TrainingConfig, completions: int
+) -> RayPlacement | None:
+    section = config.ray
+    address = options.ray_address or section.address or None
+    if address is None:
+        for flag, value in (
+            ("--trainer-workers", options.trainer_workers),
+            ("--rollout-servers", options.rollout_servers),
+        ):
+            if value is not None:
+                raise UsageError(
+                    f"{flag} {value} places work on a Ray cluster: add --ray [ADDRESS] (or set "
+                    "[advanced.ray] address)"
+                )
+        return None
+    if options.vllm_server_url:
+        raise UsageError(
+            "a vLLM server URL and a Ray cluster are two ways to serve the policy: on Ray the "
+            "trainer workers start their own vLLM engines on the cluster's GPUs; drop one"
+        )
+    workers = (
+        options.trainer_workers if options.trainer_workers is not None else section.trainer_workers
+    )
+    servers = (
+        options.rollout_servers if options.rollout_servers is not None else section.rollout_servers
+    )
+    for name, value in (("trainer_workers", workers), ("rollout_servers", servers)):
+        if value < 0:
+            raise UsageError(f"{name} = {value}: give a count ≥ 1 (0: one per node)")
+    check_split(completions, workers)
+    return RayPlacement(address, workers, servers, section.max_failures)
+
+
+def check_split(completions: int, workers: int) -> None:
+    """Each trainer worker takes an equal share of a step's completions."""
+    if workers and completions % workers:
+        raise ConfigError(
+            f"{workers} trainer workers cannot share the {completions} completions of a step "
+            "(rollout_batch_size × n_samples_per_prompt) equally: choose a worker count that "
+            f"divides {completions}, or change the batch"
+        )
 
 
 def data_order(rows: int, epochs: int, seed: int) -> list[int]:

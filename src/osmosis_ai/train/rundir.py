@@ -123,14 +123,7 @@ class RunDir:
     """Creates (or reopens, for ``--resume``) the run directory of ``plan``."""
 
     def __init__(self, plan: TrainPlan) -> None:
-        self.plan = plan
-        self.path = plan.run_dir
-        self.checkpoints = self.path / "checkpoints"
-        self.warmup = self.path / "warmup"
-        self.resume_dir = self.path / "resume"
-        self.rollouts = self.path / "rollouts"
-        self.metrics_path = self.path / "metrics.jsonl"
-        self.plot_path = self.path / "reward.png"
+        self._paths(plan)
         if plan.resumed:
             self._check_resumable()
         else:
@@ -142,6 +135,26 @@ class RunDir:
         shutil.copyfile(plan.config.path, self.path / "config.toml")
         write_json(self.path / "inputs.json", self._inputs())
         self.set_status("running")
+
+    def _paths(self, plan: TrainPlan) -> None:
+        self.plan = plan
+        self.path = plan.run_dir
+        self.checkpoints = self.path / "checkpoints"
+        self.warmup = self.path / "warmup"
+        self.resume_dir = self.path / "resume"
+        self.rollouts = self.path / "rollouts"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.plot_path = self.path / "reward.png"
+
+    @classmethod
+    def attach(cls, plan: TrainPlan) -> RunDir:
+        """The run directory as another process of the same invocation sees it (a trainer
+        worker on a cluster): its paths and journal; the manifest stays the driver's."""
+        attached = cls.__new__(cls)
+        attached._paths(plan)
+        attached.journal = RunLog(attached.path / "logs.txt", plan.secrets.values())
+        attached.manifest = {}
+        return attached
 
     def _check_resumable(self) -> None:
         stored = json.loads((self.path / RUN_FILE).read_text(encoding="utf-8"))

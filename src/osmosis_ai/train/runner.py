@@ -65,6 +65,16 @@ def run_training(options: TrainRunOptions, on_event: EventSink | None = None) ->
 
 
 class _Run:
+    """One invocation on this machine. On a Ray cluster (``plan.ray``) it is the driver, and
+    each trainer worker runs a subclass (:mod:`osmosis_ai.train.on_ray`): ``leads`` is
+    the worker that writes metrics and checkpoints and validates, ``world`` the worker count,
+    ``dispatch_ahead`` whether a step's rollouts may start during the previous update."""
+
+    leads = True
+    world = 1
+    dispatch_ahead = True
+    sharded = False  # FSDP across the trainer workers (GPUs)
+
     def __init__(self, plan: TrainPlan, rundir: RunDir, emit: EventSink) -> None:
         self.plan, self.rundir, self._emit = plan, rundir, emit
         self.journal = rundir.journal
@@ -154,6 +164,13 @@ class _Run:
         )
 
     def _train(self) -> str:
+        if self.plan.ray is not None:
+            from osmosis_ai.train.on_ray import train_on_ray
+
+            return train_on_ray(self, WorkerRun)
+        return self._train_here()
+
+    def _train_here(self) -> str:
         plan, config, rundir = self.plan, self.plan.config, self.rundir
         engine.quiet()
         engine.set_threads(plan.options.torch_threads)
@@ -176,21 +193,8 @@ class _Run:
             top_p=config.sampling.rollout_top_p,
             max_tokens=training.max_response_length,
         )
-        assert config.rollout_dir is not None and config.entrypoint_path is not None
-        bridge = RolloutBridge(
-            rollout_dir=config.rollout_dir,
-            entrypoint=config.entrypoint_path,
-            artifact_root=rundir.rollouts,
-            upstream=upstream,
-            env={TRAJECTORIES_ENV: "0", **config.env, **plan.secrets},
-            port=plan.options.rollout_port,
-            on_output=self._server_output,
-            on_spawn=rundir.record_server,
-        )
+        bridge = self._bridge(upstream)
         self.journal.add_secrets(*bridge.secrets)
-        self.stage(
-            f"starting rollout server ({config.entrypoint_path.name}) and controller on 127.0.0.1"
-        )
         starting = Background(bridge.start)
         try:
             self._prepare_model(device)
@@ -206,9 +210,33 @@ class _Run:
             bridge.close()
             rundir.forget_server()
 
+    def _bridge(self, upstream: TrainingUpstream) -> RolloutBridge:
+        plan, config, rundir = self.plan, self.plan.config, self.rundir
+        assert config.rollout_dir is not None and config.entrypoint_path is not None
+        self.stage(
+            f"starting rollout server ({config.entrypoint_path.name}) and controller on 127.0.0.1"
+        )
+        return RolloutBridge(
+            rollout_dir=config.rollout_dir,
+            entrypoint=config.entrypoint_path,
+            artifact_root=rundir.rollouts,
+            upstream=upstream,
+            env=self.server_env(),
+            port=plan.options.rollout_port,
+            on_output=self._server_output,
+            on_spawn=rundir.record_server,
+        )
+
+    def server_env(self) -> dict[str, str]:
+        """The environment the rollout server gets on top of its own."""
+        return {TRAJECTORIES_ENV: "0", **self.plan.config.env, **self.plan.secrets}
+
+    def _resume_from(self) -> Path | None:
+        return self.rundir.last_resume_point() if self.plan.resumed else None
+
     def _prepare_model(self, device: str) -> None:
         plan, rundir = self.plan, self.rundir
-        self.resume_point = rundir.last_resume_point() if plan.resumed else None
+        self.resume_point = self._resume_from()
         warmed = (rundir.warmup / "config.json").is_file() or (
             rundir.warmup / "adapter_config.json"
         ).is_file()
@@ -277,21 +305,24 @@ class _Run:
             on_failure=lambda rollout_id, reason: self.journal.warning(
                 "rollout", reason, rollout_id=rollout_id
             ),
-            next_rows=self._next_rows if vllm_url is None else None,
+            next_rows=self._next_rows if vllm_url is None and self.dispatch_ahead else None,
             sampler_logprobs=vllm_url is not None,
         )
         if self.resume_point is not None:
             done = int(self.resume_point.name.rpartition("-")[2])
-            kept = self.rundir.keep_metrics_until(done)
-            self.rewards = [r.get("training_reward") for r in kept]
+            if self.leads:
+                kept = self.rundir.keep_metrics_until(done)
+                self.rewards = [r.get("training_reward") for r in kept]
             self.steps_done = done
             with self.updating(done):
                 pass  # the served policy's version continues from the checkpoint's step
             self.stage(f"resuming after step {done} ({self.resume_point.name})")
-        elif plan.config.checkpoints.eval_interval > 0 and vllm_url is None:
+        elif plan.config.checkpoints.eval_interval > 0 and vllm_url is None and self.leads:
             self._validate(0)  # (a vLLM server holds the pre-warm-up weights until step 1)
         callback = RunCallback(self)
-        args = engine.grpo_config(plan, self.rundir.resume_dir, device, report_to)
+        args = engine.grpo_config(
+            plan, self.rundir.resume_dir, device, report_to, world=self.world, sharded=self.sharded
+        )
         self.trainer = engine.build_trainer(
             self.model, tokenizer, plan, args, rollout_func=self.collector, callbacks=[callback]
         )
@@ -307,9 +338,10 @@ class _Run:
             self.collector.drop_ahead()
         stopped = callback.stopped_early
         last = self.steps_done
-        if last and not any(p.name == f"step-{last:06d}" for p in self.rundir.list_checkpoints()):
+        saved = any(p.name == f"step-{last:06d}" for p in self.rundir.list_checkpoints())
+        if last and not saved and self.leads:
             self._export(last)
-        if not stopped and plan.config.checkpoints.eval_interval > 0:
+        if not stopped and plan.config.checkpoints.eval_interval > 0 and self.leads:
             self._validate(last)
         if stopped:
             self.stage(
@@ -338,6 +370,8 @@ class _Run:
     def after_step(self, step: int) -> bool:
         self.steps_done = step
         checkpoints = self.plan.config.checkpoints
+        if not self.leads:
+            return self.stop.requested
         if (
             checkpoints.eval_interval
             and step % checkpoints.eval_interval == 0
@@ -401,3 +435,116 @@ class _Run:
             f"step-{step:06d}", lambda folder: engine.save_model(trainer.model, tokenizer, folder)
         )
         self.journal.info("checkpoint", "saved a checkpoint", step=step, path=str(path))
+
+
+class WorkerRun(_Run):
+    """One trainer worker's part of a run on Ray (:mod:`osmosis_ai.train.on_ray`): the run on
+    its share of each step's prompts, with torch.distributed (set up by Ray Train) spanning
+    the workers. Worker 0 leads: it validates, writes metrics and checkpoints, and relays the
+    run's events to the driver; each step's rollout counts are summed over the workers."""
+
+    dispatch_ahead = False  # (which prompts a worker gets next is the sampler's to say)
+
+    def __init__(self, plan: TrainPlan, rundir: RunDir, spec: Any, rank: int, world: int) -> None:
+        sink: EventSink = self._relay
+        super().__init__(plan, rundir, sink)
+        self.spec = spec
+        self.rank = rank
+        self.world = world
+        self.leads = rank == 0
+        self.attempt = 1
+
+    def _relay(self, event: TrainEvent) -> None:
+        if self.leads:
+            self.spec.events.put(event)
+
+    def stage(self, message: str, **details: object) -> None:
+        if self.leads:
+            super().stage(message, **details)
+        else:
+            self.journal.info(f"worker-{self.rank}", message, **details)
+
+    def work(self) -> None:
+        import os
+
+        import ray
+
+        self.journal.info(
+            "ray",
+            f"trainer worker {self.rank} of {self.world} started",
+            rank=self.rank,
+            node=ray.util.get_node_ip_address(),
+            pid=os.getpid(),
+        )
+        if self.leads:
+            self.attempt = self._count_attempt()
+        status = self._train_here()
+        if self.leads:
+            from osmosis_ai.train.on_ray import Finished
+
+            self.spec.events.put(Finished(status, self.steps_done))
+
+    def _count_attempt(self) -> int:
+        """Which start of the worker group this is, within this invocation."""
+        import json
+
+        from osmosis_ai.train.rundir import write_json
+
+        folder = self.rundir.path / "ray"
+        folder.mkdir(exist_ok=True)
+        path = folder / "attempts.json"
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}
+        attempt = int(record.get("attempts", 0)) + 1 if record.get("id") == self.spec.id else 1
+        write_json(path, {"id": self.spec.id, "attempts": attempt})
+        return attempt
+
+    def _resume_from(self) -> Path | None:
+        point = self.rundir.last_resume_point()
+        if self.leads and self.attempt > 1:
+            where = (
+                f"resuming after step {point.name.rpartition('-')[2]} ({point.name})"
+                if point is not None
+                else "starting over (no resumable state was saved yet)"
+            )
+            message = (
+                f"the trainer workers restarted after a failure (start {self.attempt} of this "
+                f"invocation): {where}"
+            )
+            self.journal.warning("ray", message, attempt=self.attempt)
+            self.emit_warning("TRAINER_RESTARTED", message)
+            if point is None:
+                self.rundir.keep_metrics_until(0)
+        return point
+
+    def emit_warning(self, code: str, message: str) -> None:
+        self.warnings.append(message)
+        self.emit(WarningEvent(code, self.journal.redact(message)))
+
+    def _bridge(self, upstream: TrainingUpstream) -> RolloutBridge:
+        config = self.plan.config
+        assert config.rollout_dir is not None and config.entrypoint_path is not None
+        self.stage(f"starting rollout server ({config.entrypoint_path.name}) beside worker")
+        return RolloutBridge(
+            rollout_dir=config.rollout_dir,
+            entrypoint=config.entrypoint_path,
+            artifact_root=self.rundir.rollouts,
+            upstream=upstream,
+            env=self.server_env(),
+            on_output=self._server_output,
+        )
+
+    def record_step(self, step: int, logs: dict[str, Any]) -> None:
+        import ray.train
+
+        from osmosis_ai.train.on_ray import summed
+
+        collector = self.collector
+        if collector is not None and collector.last is not None and self.world > 1:
+            collector.last = summed(collector.last)
+        if self.leads:
+            super().record_step(step, logs)
+        reward = logs.get("reward")
+        ray.train.report({"step": step, "training_reward": reward})

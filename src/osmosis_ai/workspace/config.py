@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +24,7 @@ from osmosis_ai.workspace.sections import (
     CheckpointsSection,
     EvaluationSection,
     LoraSection,
+    RaySection,
     SamplingSection,
     TrainingSection,
     WarmupSection,
@@ -55,6 +56,8 @@ _FREE_SECTIONS = ("env", "advanced")
 # config works with both (``[advanced] loss_type``, ``[advanced.warmup]``, ``[advanced.lora]``).
 ADVANCED_TRAINING_KEYS = ("loss_type", "kl_coef", "seed", "report_to")
 ADVANCED_TABLES = ("warmup", "lora")
+# Settings of `osmosis train run` that exist only under [advanced] (``[advanced.ray]``).
+ADVANCED_ONLY_TABLES = ("ray",)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -109,6 +112,7 @@ class TrainingConfig(_RunConfig):
     checkpoints: CheckpointsSection
     lora: LoraSection
     warmup: WarmupSection
+    ray: RaySection = field(default_factory=RaySection)
 
 
 def load_eval_config(path: Path, workspace: Workspace) -> EvalConfig:
@@ -129,6 +133,7 @@ def load_training_config(path: Path, workspace: Workspace) -> TrainingConfig:
     checkpoints = loader.typed("checkpoints", CheckpointsSection)
     lora = loader.aliased("lora", LoraSection)
     warmup = loader.aliased("warmup", WarmupSection)
+    ray = loader.advanced_only("ray", RaySection)
     loader.raise_if_issues()
     return TrainingConfig(
         **common,
@@ -137,6 +142,7 @@ def load_training_config(path: Path, workspace: Workspace) -> TrainingConfig:
         checkpoints=checkpoints,
         lora=lora,
         warmup=warmup,
+        ray=ray,
     )
 
 
@@ -240,6 +246,15 @@ class _Loader:
                 key: getattr(from_advanced, key) for key in extra if key in known and key not in own
             },
         )
+
+    def advanced_only(self, name: str, cls: type[D]) -> D:
+        """The table ``[advanced.<name>]`` as ``cls`` (defaults when absent)."""
+        where = f"advanced.{name}"
+        value = self.table("advanced").get(name, {})
+        if not isinstance(value, dict):
+            self.fail(where, f"{where} must be a table ([{where}]), got {describe_value(value)}")
+            value = {}
+        return parse_section(cls, where, dict(value), self.issues)  # pyright: ignore[reportUnknownArgumentType]
 
     def _check_sections(self) -> None:
         typed = _TYPED_SECTIONS[self.kind]

@@ -181,6 +181,23 @@ class WarmupSection:
     batch_size: int = setting(8, integer(1))
 
 
+def text() -> Rule:
+    return Rule("a string", lambda v: isinstance(v, str))
+
+
+@dataclass(frozen=True)
+class RaySection:
+    """``[advanced.ray]``: ``osmosis train run`` across a Ray cluster (``--ray`` and its
+    options override these). ``address``: ``""`` (one machine unless ``--ray``), ``"auto"``,
+    ``"local"`` (start a cluster here) or ``host:port``; ``0`` workers or servers: one per
+    node of the cluster."""
+
+    address: str = setting("", text())
+    trainer_workers: int = setting(0, integer(0))
+    rollout_servers: int = setting(0, integer(0))
+    max_failures: int = setting(3, integer(0))
+
+
 def parse_section(
     cls: type[D], section: str, raw: Mapping[str, object], issues: list[ConfigIssue]
 ) -> D:

@@ -32,6 +32,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (one per node) or more, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "config", nargs="?", type=Path, help="configs/training/<name>.toml (omit with --demo)"
@@ -71,6 +81,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_positive_int, metavar="N", help="torch CPU threads")
     parser.add_argument("--device", metavar="DEV", help="cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--rollout-port", type=_positive_int, metavar="PORT")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run the steps on a Ray cluster: auto, HOST:PORT, or nothing (the cluster this "
+        "machine is in, else one started here); needs the 'distributed' extra",
+    )
+    parser.add_argument(
+        "--trainer-workers",
+        type=_count,
+        metavar="N",
+        help="(--ray) trainer workers, each on its share of every step (0: one per node)",
+    )
+    parser.add_argument(
+        "--rollout-servers",
+        type=_count,
+        metavar="R",
+        help="(--ray) rollout servers on the cluster (0: one per node)",
+    )
     parser.add_argument("--verbose", action="store_true", help="show the rollout server log")
     parser.add_argument(
         "--demo",
@@ -101,6 +131,9 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         eval_samples=args.eval_samples,
         torch_threads=args.threads,
         device=args.device,
+        ray_address=args.ray,
+        trainer_workers=args.trainer_workers,
+        rollout_servers=args.rollout_servers,
         verbose=args.verbose,
     )
     if not args.demo and args.config is None:

@@ -144,9 +144,13 @@ def _modules(value: object) -> str | None:
     return f"must be 'all-linear' or a non-empty list of module names, got {_shown(value)}"
 
 
+def _string(value: object) -> str | None:
+    return None if isinstance(value, str) else f"must be a string, got {_shown(value)}"
+
+
 # Settings of the embedded trainer that ride in advanced_config under their own names (the
 # hosted platform's CLI refuses them elsewhere but forwards [advanced] as written): keys of
-# advanced_config itself, and the tables advanced_config.warmup / advanced_config.lora.
+# advanced_config itself, and the tables advanced_config.warmup / .lora / .ray.
 ADVANCED_KEYS: dict[str, Check] = {
     "loss_type": _one_of(LOSS_TYPES),
     "kl_coef": _number(low=0.0, low_open=False),
@@ -165,6 +169,13 @@ ADVANCED_TABLES: dict[str, dict[str, Check]] = {
         "alpha": POSITIVE_INT,
         "dropout": _fraction,
         "target_modules": _modules,
+    },
+    # osmosis train run across a Ray cluster (workspace.sections.RaySection)
+    "ray": {
+        "address": _string,
+        "trainer_workers": _integer(0),
+        "rollout_servers": _integer(0),
+        "max_failures": _integer(0),
     },
 }
 
