@@ -310,6 +310,10 @@ def test_metrics_manifest_and_signed_downloads_of_a_first_n_rows_run(lab: Lab):
     assert listed[0]["results"]["pass_rate"] == 1.0
     detail = lab.call("GET", f"/api/cli/eval-runs/{run_id}")
     assert detail["results"]["total_samples"] == 3
+    # the names the 0.3.8 CLI reads for reward, progress and tokens
+    results = detail["results"]
+    assert (results["score"], results["total_runs"], results["sampled_rows"]) == (1.0, 3, 3)
+    assert results["total_tokens"] == results["tokens_used"] > 0
 
     manifest = lab.call("GET", f"/api/cli/eval-runs/{run_id}/samples/manifest")
     paths = sorted(f["path"] for f in manifest["files"])

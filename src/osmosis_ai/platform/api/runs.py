@@ -260,6 +260,26 @@ def _detail(run: Run, models: dict[str, str]) -> Table:
     }
 
 
+def eval_results(run: Run) -> Table | None:
+    """An eval run's results (reference §5.7), with the names a 0.3.8 CLI reads beside them:
+    ``score`` (the mean reward), ``total_tokens`` (``tokens_used``), and its progress as
+    ``total_runs`` work items done of ``sampled_rows`` rows times ``n``, so that CLI shows
+    the reward, tokens and progress of a run, a running one included."""
+    results: Table = dict(run.results or {})
+    stats = results.get("reward_stats")
+    mean = stats.get("mean") if isinstance(stats, dict) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if "score" not in results and isinstance(mean, int | float):
+        results["score"] = mean
+    if "total_tokens" not in results and "tokens_used" in results:
+        results["total_tokens"] = results["tokens_used"]
+    if "total_runs" not in results and run.total_steps:
+        n = (run.evaluation_config or {}).get("n")
+        per_row = n if isinstance(n, int) and n > 0 else 1
+        results["total_runs"] = run.current_step or 0
+        results["sampled_rows"] = -(-run.total_steps // per_row)
+    return results or None
+
+
 def _progress(run: Run) -> Table:
     return {"current_step": run.current_step, "total_steps": run.total_steps, "reward": run.reward}
 
@@ -352,7 +372,7 @@ def list_eval_runs(
         page = service.list_runs(session, workspace, "eval", limit=limit, offset=offset)
         people = service.people(session, page.items)
     return EvalRunsPageOut(
-        eval_runs=[EvalRunOut(**_row(r, people, {}), results=r.results) for r in page.items],
+        eval_runs=[EvalRunOut(**_row(r, people, {}), results=eval_results(r)) for r in page.items],
         total_count=page.total_count,
         has_more=page.has_more,
         next_offset=page.next_offset,
@@ -368,7 +388,7 @@ def get_eval_run(
         people = service.people(session, [run])
     return EvalRunDetailOut(
         eval_run=RunBlockOut(**_block(run, people, {})),
-        results=run.results,
+        results=eval_results(run),
         **_detail(run, {}),
     )
 
