@@ -221,7 +221,8 @@ def run_original(
     original: Path, cwd: Path, env: dict[str, str], secret: str, *args: str
 ) -> dict[str, Any]:
     """The original CLI's ``--json`` answer to ``args`` with its exit code as ``rc``; it must
-    not print ``secret``. Warning lines are skipped; the answer is the last line left."""
+    not print ``secret``. Warning envelopes (a top-level ``warning`` key) are skipped; the
+    answer is the last JSON object left."""
     done = subprocess.run(
         [str(original), "--json", *args],
         cwd=cwd,
@@ -233,8 +234,16 @@ def run_original(
     )
     assert secret not in done.stdout + done.stderr
     stream = done.stdout if done.returncode == 0 else done.stderr
-    lines = [line for line in stream.splitlines() if line.strip() and '"warning"' not in line]
-    return {"rc": done.returncode, **json.loads(lines[-1])}
+    answers: list[dict[str, Any]] = []
+    for line in stream.splitlines():
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(parsed, dict) and "warning" not in parsed:
+            answers.append(parsed)  # pyright: ignore[reportUnknownArgumentType]
+    assert answers, f"no JSON answer (exit {done.returncode}): {done.stdout}{done.stderr}"
+    return {"rc": done.returncode, **answers[-1]}
 
 
 # --- a platform to call --------------------------------------------------------------------------
