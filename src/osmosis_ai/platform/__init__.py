@@ -42,6 +42,8 @@ Layout (server parts need the ``platform`` extra and are imported only when used
     serving.py       the deployment manager: one model server per deployed model
                      (serving_policy.py, the local policy server; or vLLM on a GPU)
     web/device.py    the /device page that approves a device login (CSRF, escaped HTML)
+    web/dashboard.py the dashboard at / (sign-in with email + token; runs, training and eval
+                     run pages, datasets, models, secrets, members); see web/__init__.py
     crypto.py        data-dir keys, secret encryption; objects.py  file store, signed URLs
     client.py        the /api/cli client the CLI uses (imports no server code)
 """

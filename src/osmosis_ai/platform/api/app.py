@@ -50,6 +50,11 @@ ROUTERS: tuple[str, ...] = (
     "osmosis_ai.platform.api.training_results",
     "osmosis_ai.platform.api.inference",
     "osmosis_ai.platform.web.device",
+    "osmosis_ai.platform.web.render",  # /static: the dashboard's CSS, JS and vendored uPlot
+    "osmosis_ai.platform.web.dashboard",  # /, /login, /logout, the runs of a workspace
+    "osmosis_ai.platform.web.training",
+    "osmosis_ai.platform.web.evaluation",
+    "osmosis_ai.platform.web.resources",
 )
 
 

@@ -1,0 +1,238 @@
+"""A training run's page: overview figures, the six charts (live while it runs), CSV per chart,
+checkpoints with deploy and undeploy, logs that follow, the submitted configuration and
+commit. The charts' data comes from ``metrics.json``, downsampled on the server; the page
+polls it every few seconds while the run is active. Logs (of either kind of run) come from
+``logs.json`` after a cursor."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from sqlalchemy import select
+
+from osmosis_ai.platform import training_metrics
+from osmosis_ai.platform.api.deps import PlatformDep
+from osmosis_ai.platform.errors import InvalidRequest, PlatformError
+from osmosis_ai.platform.services import deployments, runs
+from osmosis_ai.platform.services.accounts import WorkspaceAccess
+from osmosis_ai.platform.services.training_results import duration_ms
+from osmosis_ai.platform.store.orm import Model, Run, RunCheckpoint, RunLog
+from osmosis_ai.platform.web import charts, session
+from osmosis_ai.platform.web.dashboard import ACTIVE, Page, open_data, open_page, safe_next
+
+router = APIRouter(include_in_schema=False)
+
+POLL_MS = 3000
+LOG_PAGE = 500
+CONFIG_SECTIONS = (
+    ("experiment", "experiment_config"),
+    ("training", "training_config"),
+    ("evaluation", "evaluation_config"),
+    ("sampling", "sampling_config"),
+    ("checkpoints", "checkpoints_config"),
+    ("advanced", "advanced_config"),
+)
+
+
+def configuration(run: Run) -> list[tuple[str, object]]:
+    """The submitted config sections, in order; env values are shown by name only."""
+    sections: list[tuple[str, object]] = []
+    for title, attribute in CONFIG_SECTIONS:
+        value = getattr(run, attribute)
+        if value:
+            sections.append((title, value))
+    if run.env_config:
+        sections.append(("env (names)", sorted(run.env_config)))
+    if run.required_secrets:
+        sections.append(("secrets (names)", list(run.required_secrets)))
+    return sections
+
+
+@router.get("/w/{workspace_name}/trainings/{run_ref}")
+def training_page(
+    workspace_name: str, run_ref: str, request: Request, platform: PlatformDep
+) -> Response:
+    page = open_page(request, platform, workspace_name)
+    if not isinstance(page, Page):
+        return page
+    now = platform.now()
+    try:
+        with platform.read() as db:
+            run = runs.get_run(db, page.workspace, "training", run_ref)
+            reward = charts.read_series(db, run.id, [training_metrics.WIRE_KEYS["training_reward"]])
+            checkpoints = list(
+                db.scalars(
+                    select(RunCheckpoint)
+                    .where(RunCheckpoint.run_id == run.id)
+                    .order_by(RunCheckpoint.step)
+                )
+            )
+            models = {
+                m.checkpoint_step: m
+                for m in db.scalars(select(Model).where(Model.training_run_id == run.id))
+            }
+            creator = runs.people(db, [run]).get(run.creator_id or "")
+    except PlatformError as exc:
+        return page.error(exc)
+    points = reward.get(training_metrics.WIRE_KEYS["training_reward"], [])
+    summary = training_metrics.summarize(value for _, value, _ in points)
+    rows = [
+        {
+            "step": c.step,
+            "name": c.name,
+            "status": c.status,
+            "reward": training_metrics.finite(c.reward),
+            "created_at": c.created_at,
+            "model": models.get(c.step),
+            "deployed": (m := models.get(c.step)) is not None and deployments.is_active(m),
+        }
+        for c in checkpoints
+    ]
+    return page.render(
+        "training.html",
+        "runs",
+        run=run,
+        creator=creator.name if creator else "—",
+        duration=duration_ms(run, now),
+        summary=summary,
+        active=run.status in ACTIVE,
+        checkpoints=rows,
+        config=configuration(run),
+        chart_keys=[
+            (k, training_metrics.export_key(k), training_metrics.title(k)) for k in charts.CHARTS
+        ],
+        poll_ms=POLL_MS,
+    )
+
+
+def _points(request: Request) -> int:
+    raw = request.query_params.get("points", str(charts.DEFAULT_POINTS))
+    try:
+        points = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"points {raw!r} is not a number", field="points") from None
+    return max(3, min(points, charts.MAX_POINTS))
+
+
+@router.get("/w/{workspace_name}/trainings/{run_ref}/metrics.json")
+def training_metrics_json(
+    workspace_name: str, run_ref: str, request: Request, platform: PlatformDep
+) -> Response:
+    workspace = open_data(request, platform, workspace_name)
+    if not isinstance(workspace, WorkspaceAccess):
+        return workspace
+    points = _points(request)
+    now = platform.now()
+    with platform.read() as db:
+        run = runs.get_run(db, workspace, "training", run_ref)
+        series = charts.read_series(db, run.id)
+    return JSONResponse(
+        {
+            "status": run.status,
+            "active": run.status in ACTIVE,
+            "step": run.current_step,
+            "total_steps": run.total_steps,
+            "processed": run.examples_processed_count,
+            "duration_ms": duration_ms(run, now),
+            "charts": charts.chart_payload(series, points),
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@router.get("/w/{workspace_name}/trainings/{run_ref}/metrics.csv")
+def training_metrics_csv(
+    workspace_name: str, run_ref: str, request: Request, platform: PlatformDep
+) -> Response:
+    workspace = open_data(request, platform, workspace_name)
+    if not isinstance(workspace, WorkspaceAccess):
+        return workspace
+    key = training_metrics.wire_key(request.query_params.get("key", ""))
+    if not key:
+        raise InvalidRequest("name the metric: ?key=training_reward", field="key")
+    with platform.read() as db:
+        run = runs.get_run(db, workspace, "training", run_ref)
+        stored = charts.read_series(db, run.id, [key]).get(key, [])
+    name = f"{run.name}-{training_metrics.export_key(key).replace('/', '_')}.csv"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return Response(
+        charts.series_csv(key, stored),
+        media_type="text/csv; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="{safe}"',
+            "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+@router.get("/w/{workspace_name}/runs/{kind}/{run_ref}/logs.json")
+def run_logs(
+    workspace_name: str, kind: str, run_ref: str, request: Request, platform: PlatformDep
+) -> Response:
+    """Log lines after cursor ``after`` (a line id), oldest first, at most 500."""
+    workspace = open_data(request, platform, workspace_name)
+    if not isinstance(workspace, WorkspaceAccess):
+        return workspace
+    try:
+        after = int(request.query_params.get("after", "0"))
+    except ValueError:
+        raise InvalidRequest("after must be a log line id", field="after") from None
+    with platform.read() as db:
+        run = runs.get_run(db, workspace, kind, run_ref)
+        lines = list(
+            db.scalars(
+                select(RunLog)
+                .where(RunLog.run_id == run.id, RunLog.id > after)
+                .order_by(RunLog.id)
+                .limit(LOG_PAGE)
+            )
+        )
+    return JSONResponse(
+        {
+            "status": run.status,
+            "active": run.status in ACTIVE,
+            "lines": [
+                {
+                    "id": line.id,
+                    "time": line.timestamp.isoformat(),
+                    "level": line.level,
+                    "step": line.step,
+                    "message": line.message,
+                }
+                for line in lines
+            ],
+            "cursor": lines[-1].id if lines else after,
+            "more": len(lines) == LOG_PAGE,
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@router.post("/w/{workspace_name}/deployments")
+async def deploy_action(workspace_name: str, request: Request, platform: PlatformDep) -> Response:
+    """Deploy or undeploy a LoRA model (a checkpoint of a training run), then go back."""
+    form = await session.read_form(request, platform)
+    page = open_page(request, platform, workspace_name)
+    if not isinstance(page, Page):
+        return page
+    action, model_name = form.get("action", ""), form.get("model", "")
+    if action not in ("deploy", "undeploy"):
+        return page.error(InvalidRequest(f"unknown action {action!r}: deploy or undeploy"))
+    try:
+        with platform.transaction() as db:
+            if action == "deploy":
+                deployments.deploy(
+                    db,
+                    page.workspace.id,
+                    model_name,
+                    user_id=page.viewer.user_id,
+                    now=platform.now(),
+                    limit=deployments.max_active_deployments(),
+                )
+            else:
+                deployments.undeploy(db, page.workspace.id, model_name)
+    except PlatformError as exc:
+        return page.error(exc)
+    deployments.notify_changed(platform.extras)
+    return RedirectResponse(safe_next(form.get("next")), status_code=303)
