@@ -21,6 +21,7 @@ import textwrap
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,11 @@ TRAINER_SITE = REPO / ".venv" / "lib" / "python3.11" / "site-packages"
 
 @pytest.fixture(scope="session")
 def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``DOCKER_HOST`` of an engine that answers, started by the tier's script if need be."""
+    """``DOCKER_HOST`` of an engine that answers, started by the tier's script if need be.
+
+    Only the tests that ask for :func:`docker_host` see it: set for the whole session it
+    would make every later test's default environment Harbor's docker.
+    """
     state = tmp_path_factory.mktemp("docker-tier")
     script = REPO / "scripts" / "docker_tier.sh"
     started = subprocess.run(
@@ -52,17 +57,32 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     line = (started.stdout.strip().splitlines() or [started.stderr.strip()])[-1]
     if started.returncode != 0 or not line.startswith("ready "):
         pytest.skip(f"no Docker engine: {line}")
-    host = line.split(" ", 1)[1]
-    previous = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = host
     try:
-        yield host
+        yield line.split(" ", 1)[1]
     finally:
-        if previous is None:
-            os.environ.pop("DOCKER_HOST", None)
-        else:
-            os.environ["DOCKER_HOST"] = previous
         subprocess.run([str(script), "stop", str(state)], check=False)
+
+
+@pytest.fixture
+def docker_host(docker_engine: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The tier's engine as this test's ``DOCKER_HOST``; the environment probe is asked
+    afresh inside the test and after it."""
+    from osmosis_ai.rollout.backend.harbor import sandbox
+
+    monkeypatch.setenv("DOCKER_HOST", docker_engine)
+    sandbox._docker_checked.clear()
+    yield docker_engine
+    sandbox._docker_checked.clear()
+
+
+def docker(*args: str, host: str, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    return subprocess.run(
+        ["docker", *args],
+        env={**os.environ, "DOCKER_HOST": host},
+        capture_output=True,
+        check=False,
+        **kwargs,
+    )
 
 
 def shared_libraries(paths: list[Path]) -> set[Path]:
@@ -144,12 +164,8 @@ def base_image(docker_engine: str) -> str:
             f"the base image is built from {HOST_PYTHON} and the packages of {TRAINER_SITE} "
             f"(`make setup`); missing: {[str(HOST_PYTHON)] if not HOST_PYTHON.is_file() else missing}"
         )
-    imported = subprocess.run(
-        ["docker", "import", "-", BASE_IMAGE],
-        input=rootfs_tarball(),
-        capture_output=True,
-        check=False,
-        timeout=300,
+    imported = docker(
+        "import", "-", BASE_IMAGE, host=docker_engine, input=rootfs_tarball(), timeout=300
     )
     assert imported.returncode == 0, imported.stderr.decode()[-2000:]
     return BASE_IMAGE
@@ -157,25 +173,22 @@ def base_image(docker_engine: str) -> str:
 
 @pytest.mark.timeout(400)
 def test_the_base_image_is_built_from_host_files_and_runs_the_runner_dependencies(
-    base_image: str,
+    base_image: str, docker_engine: str
 ):
     probe = (
         "import sys, pydantic, httpx; "
         "print(sys.version_info[:2], pydantic.VERSION.split('.')[0], httpx.__name__)"
     )
-    ran = subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", base_image, "python3", "-c", probe],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    ran = docker(
+        "run", "--rm", "--network", "none", base_image, "python3", "-c", probe,
+        host=docker_engine, text=True, timeout=120,
+    )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip() == "(3, 11) 2 httpx"
-    shell = subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", base_image,
-         "bash", "-c", "mkdir -p /app && echo 42 > /app/a && cat /app/a"],
-        capture_output=True, text=True, timeout=120, check=False,
+    shell = docker(
+        "run", "--rm", "--network", "none", base_image,
+        "bash", "-c", "mkdir -p /app && echo 42 > /app/a && cat /app/a",
+        host=docker_engine, text=True, timeout=120,
     )  # fmt: skip
     assert (shell.returncode, shell.stdout.strip()) == (0, "42"), shell.stderr
 
@@ -198,17 +211,32 @@ WORKFLOW = textwrap.dedent(
 )
 
 
+def compose_v2_missing(host: str) -> str | None:
+    compose = docker("compose", "version", host=host, text=True)
+    if compose.returncode == 0:
+        return None
+    detail = (compose.stderr or compose.stdout).strip().splitlines()[:1]
+    return detail[0] if detail else "no output"
+
+
+def test_the_default_environment_is_docker_only_with_compose_v2(docker_host: str):
+    from osmosis_ai.rollout.backend.harbor import sandbox
+
+    config = sandbox.default_environment_config()
+    if compose_v2_missing(docker_host) is None:
+        assert config.type is not None and config.type.value == "docker"
+    else:
+        # An engine without Compose V2 cannot run Harbor's docker environment.
+        assert config.import_path == sandbox.SANDBOX_IMPORT_PATH
+
+
 @pytest.fixture
-def compose_v2(docker_engine: str) -> None:
-    compose = subprocess.run(
-        ["docker", "compose", "version"], capture_output=True, text=True, check=False
-    )
-    if compose.returncode != 0:
-        detail = (compose.stderr or compose.stdout).strip().splitlines()[:1]
+def compose_v2(docker_host: str) -> None:
+    missing = compose_v2_missing(docker_host)
+    if missing is not None:
         pytest.skip(
             "Harbor's docker environment runs `docker compose` (Compose V2), which is not "
-            f"installed here ({detail[0] if detail else 'no output'}); Debian 12 ships "
-            "only docker-compose 1.29"
+            f"installed here ({missing}); Debian 12 ships only docker-compose 1.29"
         )
 
 

@@ -487,7 +487,9 @@ _DOCKER_CHECK_TTL_SEC = 60.0
 
 
 def docker_engine_answers(timeout_sec: float = 3.0) -> bool:
-    """Whether a Docker engine answers ``docker info`` here (the answer is kept a minute)."""
+    """Whether Harbor's ``docker`` environment can run here: a Docker engine answers ``docker
+    info`` and Compose V2 (``docker compose``, which Harbor drives it with) is installed. The
+    answer is kept a minute."""
     now = time.monotonic()
     kept = _docker_checked.get("answer")
     if kept is not None and now - kept[0] < _DOCKER_CHECK_TTL_SEC:
@@ -509,11 +511,23 @@ def _ask_docker(timeout_sec: float) -> bool:
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return result.returncode == 0 and bool(result.stdout.strip())
+    if result.returncode != 0 or not result.stdout.strip():
+        return False
+    try:
+        compose = subprocess.run(
+            ["docker", "compose", "version"],
+            capture_output=True,
+            timeout=timeout_sec,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return compose.returncode == 0
 
 
 def default_environment_config(**kwargs: Any) -> Any:
-    """Harbor's ``docker`` environment where an engine answers, else this sandbox.
+    """Harbor's ``docker`` environment where an engine answers (with Compose V2), else this
+    sandbox.
 
     ``kwargs`` go to the sandbox's constructor (e.g. ``forward_endpoints``). Raises
     :class:`SandboxError` naming what is missing when neither can run.
@@ -525,7 +539,8 @@ def default_environment_config(**kwargs: Any) -> Any:
         return EnvironmentConfig(type=EnvironmentType.DOCKER)
     if reason := sandbox_missing_reason():
         raise SandboxError(
-            f"no environment for Harbor trials: no Docker engine answers here, and {reason}"
+            "no environment for Harbor trials: no Docker engine with Compose V2 answers "
+            f"here, and {reason}"
         )
     return EnvironmentConfig(import_path=SANDBOX_IMPORT_PATH, kwargs=dict(kwargs))
 
