@@ -23,7 +23,6 @@ then (Ray waits for room when there is none).
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import threading
@@ -32,7 +31,6 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from osmosis_ai.errors import MissingExtraError
 from osmosis_ai.train import engine
 from osmosis_ai.train.collect import StepStats
 from osmosis_ai.train.errors import TrainingError
@@ -64,7 +62,6 @@ class Session(Protocol):
 
 _FEATURE = "osmosis train run --ray"
 _POLL_SEC = 0.25
-LOCAL_ADDRESS = "local"
 
 
 @dataclass(frozen=True)
@@ -87,33 +84,6 @@ class WorkerSpec:
     id: str  # this invocation's (a restarted worker group counts its starts by it)
     servers: tuple[str, ...] = ()
     vllm_url: str | None = None
-
-
-def require_ray() -> None:
-    import importlib.util
-
-    for name in ("ray", "accelerate"):
-        if importlib.util.find_spec(name) is None:
-            raise MissingExtraError("distributed", _FEATURE, name)
-
-
-def connect(address: str) -> None:
-    """Join the cluster at ``address`` (``auto``, ``host:port``, ``ray://…``) or, for
-    ``local``, start one on this machine; a no-op when this process is already connected."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    try:
-        if address == LOCAL_ADDRESS:
-            ray.init(include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise TrainingError(
-            f"cannot connect to the Ray cluster at {address!r}: {exc}. Start one with "
-            "`ray start --head` (or pass --ray local to start one on this machine)"
-        ) from exc
 
 
 def alive_nodes() -> list[dict[str, Any]]:
@@ -142,12 +112,22 @@ def cluster_has_gpus() -> bool:
 
 def train_on_ray(run: Session, worker: type[Any]) -> str:
     """The driver's side of a run on Ray; returns its status as ``runner._Run._train`` does."""
-    require_ray()
+    from osmosis_ai.distributed.cluster import connect, require_ray
+
+    require_ray(_FEATURE)
     plan = run.plan
     placement = plan.ray
     assert placement is not None
     _warm_up_here(run)
-    connect(placement.address)
+    connection = connect(placement.address)
+    try:
+        return _place(run, worker, placement)
+    finally:
+        connection.close()
+
+
+def _place(run: Session, worker: type[Any], placement: RayPlacement) -> str:
+    plan = run.plan
     completions = plan.batch * plan.group
     workers, servers = resolve_counts(placement, completions)
     gpu = cluster_has_gpus() and (plan.options.device or "cuda").startswith("cuda")
@@ -202,7 +182,11 @@ def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, fleet: Any
         train_loop_config={"spec": spec},
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=workers, use_gpu=gpu, resources_per_worker=_worker_resources(gpu)
+            num_workers=workers,
+            use_gpu=gpu,
+            resources_per_worker=_worker_resources(gpu),
+            # GPUs: workers together on a node talk over NVLink; CPUs: a node each
+            placement_strategy="PACK" if gpu else "SPREAD",
         ),
         run_config=RunConfig(
             name=f"osmosis-{plan.run_name}",
@@ -231,8 +215,7 @@ def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, fleet: Any
 
 
 def _worker_resources(gpu: bool) -> dict[str, float]:
-    cpus = float(os.environ.get("OSMOSIS_RAY_WORKER_CPUS", "1"))
-    return {"CPU": cpus, **({"GPU": 1.0} if gpu else {})}
+    return {"CPU": 1.0, **({"GPU": 1.0} if gpu else {})}
 
 
 def _latest_per_step(summaries: list[Any], last: int) -> list[Any]:
