@@ -16,7 +16,8 @@ the browser's own performance timing:
   downsampled ``metrics.json`` (the page sets ``data-loaded``);
 * ``metrics_json_bytes``: the size of that chart payload.
 
-Console errors on any page are reported (there should be none).
+Baseline in the same run: the sign-in page (a page with no data behind it), same browser and
+server. Console errors on any page are reported (there should be none).
 
     .venv/bin/python bench/dashboard.py [--steps 10000] [--samples 10000] [--repeat 5]
 """
@@ -199,6 +200,7 @@ def main() -> None:
             page.click("[data-test=login-submit]")
             page.wait_for_selector("[data-test=runs-table]")
             pages = {
+                "baseline_login": (f"{base}/login", False),  # a page with no data behind it
                 "training": (f"{base}/w/{WORKSPACE}/trainings/{seeded['training']}", True),
                 "eval": (f"{base}/w/{WORKSPACE}/evals/{seeded['eval']}", False),
                 "runs": (f"{base}/w/{WORKSPACE}/runs", False),

@@ -190,7 +190,7 @@
           legend: { show: false },
           series: [
             { label: "reward" },
-            { label: "samples", fill: "rgba(37,99,235,0.35)", stroke: "#2563eb", paths: uPlot.paths.bars({ size: [0.95, 200] }) },
+            { label: "samples", fill: "rgba(37,99,235,0.35)", stroke: "#2563eb", points: { show: false }, paths: uPlot.paths.bars({ size: [0.95, 200] }) },
           ],
           axes: [{ label: "reward" }, { label: "samples", size: 50 }],
         },
