@@ -17,6 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "lazy": set(),
     "rollout": {"lazy", "errors", "consts"},
     "workspace": {"lazy", "errors", "consts"},
+    "tracking": {"errors"},
     "controller": {"lazy", "rollout", "errors", "consts"},
     "distributed": {"lazy", "controller", "rollout", "errors", "consts"},
     "eval": {
@@ -26,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
         "rollout",
         "workspace",
         "events",
+        "tracking",
         "errors",
         "consts",
     },
@@ -36,6 +38,7 @@ ALLOWED: dict[str, set[str]] = {
         "rollout",
         "workspace",
         "events",
+        "tracking",
         "errors",
         "consts",
     },

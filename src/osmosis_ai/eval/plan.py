@@ -8,6 +8,7 @@ resolves ``[secrets]``. Building a plan only reads files.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from osmosis_ai.eval.inputs import (
     VersionsLock,
     rollout_source_digest,
 )
+from osmosis_ai.eval.report_targets import USED_ADVANCED_KEYS, EvalReporting, reporting_of
 from osmosis_ai.eval.rundir import MANIFEST_FILE
 from osmosis_ai.eval.workitems import WorkItem, build_work_items
 from osmosis_ai.workspace import (
@@ -114,10 +116,24 @@ class EvalRunOptions:
     confirm: Callable[[Confirmation], None] | None = None
     handle_signals: bool = False
     environ: Mapping[str, str] | None = None
+    ray: str | None = None
+    """``--ray``: run the rollout servers on this Ray cluster (``auto``, ``HOST:PORT``,
+    ``local``); ``None`` runs one here. The journal stays here either way."""
+    rollout_servers: int | None = None
+    """``--rollout-servers``: how many servers the Ray fleet runs (default 2)."""
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise UsageError(f"--max-in-flight must be at least 1, got {self.max_in_flight}")
+        if self.rollout_servers is not None and self.ray is None:
+            raise UsageError("--rollout-servers needs --ray: the fleet runs on a Ray cluster")
+        if self.rollout_servers is not None and self.rollout_servers < 1:
+            raise UsageError(f"--rollout-servers must be at least 1, got {self.rollout_servers}")
+        if self.ray is not None and self.rollout_port is not None:
+            raise UsageError(
+                "--rollout-port does not combine with --ray: each server of the fleet takes a "
+                "free port on its node; drop --rollout-port"
+            )
         port = self.rollout_port
         if port is not None and not 1 <= port <= 65535:
             raise UsageError(f"--rollout-port must be a port number 1-65535, got {port}")
@@ -147,6 +163,8 @@ class EvalPlan:
     batch_size: int | None
     """``evaluation.batch_size`` when the config sets it (the default is not a choice)."""
     warnings: tuple[tuple[str, str], ...] = ()
+    reporting: EvalReporting = field(default_factory=EvalReporting)
+    """The trackers ``[advanced] report_to`` names, for the final metrics."""
 
     @property
     def run_dir(self) -> Path:
@@ -187,9 +205,16 @@ def build_plan(options: EvalRunOptions) -> EvalPlan:
     workspace = _workspace(cwd, config_path)
     config = load_eval_config(config_path, workspace)
     warnings: list[tuple[str, str]] = []
-    if config.advanced:
+    reporting = reporting_of(config, options.environ if options.environ is not None else os.environ)
+    ignored = [key for key in config.advanced if key not in USED_ADVANCED_KEYS]
+    if ignored:
+        listed = ", ".join(ignored)
         warnings.append(
-            ("ADVANCED_IGNORED", f"{config.path.name}: [advanced] is recorded but not used locally")
+            (
+                "ADVANCED_IGNORED",
+                f"{config.path.name}: [advanced] {listed} is recorded but not used locally "
+                "(a local run uses only report_to and mlflow_tracking_uri there)",
+            )
         )
     pinned = config.experiment.branch or config.experiment.commit_sha
     if pinned:
@@ -260,6 +285,7 @@ def build_plan(options: EvalRunOptions) -> EvalPlan:
         max_in_flight=options.max_in_flight,
         batch_size=evaluation.batch_size if batch_set else None,
         warnings=tuple(warnings),
+        reporting=reporting,
     )
 
 

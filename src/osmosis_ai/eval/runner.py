@@ -49,6 +49,7 @@ from osmosis_ai.eval.progress import (
     TallyCounter,
     WarningEvent,
 )
+from osmosis_ai.eval.reporting import record_in_trackers
 from osmosis_ai.eval.rundir import MANIFEST_FILE, RunDir, open_run
 from osmosis_ai.eval.server import RunServer, reap_orphan
 from osmosis_ai.eval.workitems import WorkItem, count_work, pending_items
@@ -77,7 +78,8 @@ def run_eval(options: EvalRunOptions, on_event: EventSink | None = None) -> Eval
         plan.output_dir, plan.run_name, plan.inputs, plan.provenance, fresh=options.fresh
     )
     try:
-        return _Invocation(plan, options, run, secrets, environ, emit).execute()
+        result = _Invocation(plan, options, run, secrets, environ, emit).execute()
+        return record_in_trackers(result, environ, secrets.values(), emit)
     finally:
         run.close()
 

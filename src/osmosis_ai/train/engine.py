@@ -23,11 +23,6 @@ from osmosis_ai.train.events import WarmupEvent
 from osmosis_ai.train.plan import TrainPlan
 from osmosis_ai.workspace import DatasetRow, LoraSection
 
-REPORT_MODULES = {
-    "tensorboard": ("tensorboard", "tensorboardX"),
-    "wandb": ("wandb",),
-    "mlflow": ("mlflow",),
-}
 _FEATURE = "osmosis train run"
 
 
@@ -115,12 +110,6 @@ def load_model(ref: str, device: str) -> tuple[Any, Any]:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return cast(Any, model).to(device), tokenizer
-
-
-def report_targets(wanted: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``(installed, missing)`` of the requested metric sinks."""
-    found = [t for t in wanted if any(importlib.util.find_spec(m) for m in REPORT_MODULES[t])]
-    return found, [t for t in wanted if t not in found]
 
 
 def lora_config(section: LoraSection) -> Any:

@@ -29,6 +29,7 @@ from osmosis_ai.train.events import (
     WarningEvent,
 )
 from osmosis_ai.train.plan import TrainPlan, TrainRunOptions, build_plan
+from osmosis_ai.train.reporting import TrainReporter, require_trackers
 from osmosis_ai.train.rundir import RunDir, iso_now, save_atomically
 from osmosis_ai.train.stopping import Background, StopRequest
 
@@ -57,9 +58,24 @@ def run_training(options: TrainRunOptions, on_event: EventSink | None = None) ->
     emit: EventSink = on_event or (lambda _event: None)
     plan = build_plan(options)
     engine.require_train_extra(lora=plan.config.lora.enabled)
+    require_trackers(plan)
     rundir = RunDir(plan)
     try:
-        return _Run(plan, rundir, emit).execute()
+        try:
+            reporter = TrainReporter(plan, rundir, emit)
+        except BaseException as exc:
+            rundir.set_status("failed", error=rundir.journal.redact(str(exc)))
+            raise
+        status = "failed"
+        try:
+            result = _Run(plan, rundir, reporter.emit).execute()
+            status = result.status
+            return result
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            reporter.close(status)
     finally:
         rundir.close()
 
@@ -175,13 +191,7 @@ class _Run:
         engine.quiet()
         engine.set_threads(plan.options.torch_threads)
         device = engine.resolve_device(plan.options.device)
-        report_to, missing = engine.report_targets(config.training.report_to)
-        for target in missing:
-            self.warn(
-                "REPORT_TARGET_MISSING",
-                f"training.report_to lists {target!r}, which is not installed: skipped "
-                f"(pip install {target})",
-            )
+        report_to: list[str] = []  # report_to's trackers record the run's events (.reporting)
         training = config.training
         orphan = rundir.reap_orphan()
         if orphan is not None:

@@ -22,7 +22,7 @@ D = TypeVar("D", bound="DataclassInstance")
 
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
 LOSS_TYPES: tuple[str, ...] = ("grpo", "dapo", "dr_grpo", "bnpo")
-REPORT_TARGETS: tuple[str, ...] = ("tensorboard", "wandb", "mlflow")
+REPORT_TARGETS: tuple[str, ...] = ("tensorboard", "wandb", "mlflow", "trackio")
 
 
 @dataclass(frozen=True)
