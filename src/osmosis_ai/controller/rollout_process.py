@@ -56,6 +56,8 @@ INSTANCE_HEADER = "x-osmosis-rollout-instance-id"
 RESERVED_ENV = (PORT_ENV, ARTIFACT_ROOT_ENV, INSTANCE_ID_ENV)
 ENV_CACHE_ENV = "OSMOSIS_ROLLOUT_ENV_CACHE"
 PYTHON_ENV = "OSMOSIS_ROLLOUT_PYTHON"
+HOST_ENV = "OSMOSIS_ROLLOUT_HOST"  # the address the entrypoint binds (run_rollout_server reads it)
+LOOPBACK = "127.0.0.1"
 UV_ENV = "UV_PROJECT_ENVIRONMENT"
 LOCK_FILES = ("pyproject.toml", "uv.lock", ".python-version")
 _POLL_SEC = 0.02  # /health polling: the first dispatch waits on it
@@ -179,6 +181,9 @@ class RolloutServerProcess:
     port: int | None = None
     on_output: Callable[[str], None] | None = None
     health_timeout_sec: float = 90.0
+    host: str = LOOPBACK
+    """The address the server binds and is reached on: 127.0.0.1, or a cluster node's own
+    address when a fleet runs it on that node."""
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     process: subprocess.Popen[bytes] | None = None
     isolated: bool = False
@@ -198,7 +203,7 @@ class RolloutServerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         """The command line: this interpreter, or ``uv run`` in the rollout's own env.
@@ -293,8 +298,8 @@ class RolloutServerProcess:
     def spawn(self) -> None:
         """Start the child on the given port (refused if busy) or a free one; returns at once."""
         if not self._port_given:
-            self.port = _free_port()
-        elif _port_busy(self.port):  # type: ignore[arg-type]
+            self.port = _free_port(self.host)
+        elif _port_busy(self.port, self.host):  # type: ignore[arg-type]
             raise RolloutServerError(
                 f"port {self.port} is already in use: choose another --rollout-port "
                 "or stop the process holding it"
@@ -319,7 +324,7 @@ class RolloutServerProcess:
                     raise RolloutServerError(
                         f"port {self.port} was taken by another process{taken.detail}"
                     ) from None
-            self.port = _free_port()
+            self.port = _free_port(self.host)
             self._spawn()
 
     def _spawn(self) -> None:
@@ -338,6 +343,8 @@ class RolloutServerProcess:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if self.host != LOOPBACK:
+            env[HOST_ENV] = self.host
         self._tail = OutputTail()
         self.process = subprocess.Popen(
             command,
@@ -490,16 +497,16 @@ class _PortTaken(Exception):
 _PORT_TRIES = 3
 
 
-def _free_port() -> int:
+def _free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def _port_busy(port: int) -> bool:
+def _port_busy(port: int, host: str = LOOPBACK) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return True
     return False

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,11 +55,13 @@ from osmosis_ai.eval.server import RunServer, reap_orphan
 from osmosis_ai.eval.workitems import WorkItem, count_work, pending_items
 
 if TYPE_CHECKING:
-    from osmosis_ai.controller.dispatch import Dispatcher
+    from osmosis_ai.controller.balance import RunsAttempts
     from osmosis_ai.controller.rollout_process import RolloutServerProcess
     from osmosis_ai.controller.service import ControllerService
     from osmosis_ai.controller.upstream import Upstream
-    from osmosis_ai.eval.scheduler import Scheduler
+    from osmosis_ai.distributed.fleet import ServerInfo
+    from osmosis_ai.eval.fleet_run import FleetRun
+    from osmosis_ai.eval.scheduler import Scheduler, ServerWatch
     from osmosis_ai.rollout.protocol import Generation
 
 
@@ -110,7 +112,7 @@ class _Invocation:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._main: asyncio.Task[None] | None = None
-        self.server: RunServer | None = None
+        self.server: RunServer | FleetRun | None = None
         self._dispatch_started = time.monotonic()
         self._resumed_ids: set[str] = set()
         self.runlog: RunLog
@@ -200,7 +202,10 @@ class _Invocation:
         )
         if pending:
             try:
-                self._launch_server()
+                if self.options.ray is not None:
+                    self._launch_fleet(self.options.ray)
+                else:
+                    self._launch_server()
                 with asyncio.Runner(loop_factory=new_event_loop) as runner:
                     runner.run(self._async_main(pending))
             finally:
@@ -229,6 +234,29 @@ class _Invocation:
         self.note("server", f"starting rollout server ({server.process.entrypoint.name}, {how})")
         self.server = server
         server.launch()
+
+    def _launch_fleet(self, address: str) -> None:
+        """Join the Ray cluster and start the fleet; it comes up while the controller does."""
+        from osmosis_ai.eval.fleet_run import FleetRun
+
+        fleet = FleetRun(
+            self.plan,
+            self.run.path,
+            self.secrets,
+            self.environ,
+            address,
+            self.options.rollout_servers,
+        )
+        self.note("server", f"joining the Ray cluster ({address})")
+        self.server = fleet
+        fleet.launch()
+        assert fleet.connection is not None
+        nodes = len(fleet.connection.nodes())
+        self.note(
+            "server",
+            f"starting {fleet.servers} rollout servers ({fleet.spec.entrypoint.name}) on a Ray "
+            f"cluster of {nodes} nodes",
+        )
 
     async def _async_main(self, pending: list[WorkItem]) -> None:
         self._loop = asyncio.get_running_loop()
@@ -269,14 +297,18 @@ class _Invocation:
             await service.start()
             self.runlog.info("listener", "controller service listening", {"port": service.port})
             await self._bring_up(upstream, self.server)
-            if not self.interrupted:
+            if self.interrupted:
+                pass
+            elif isinstance(self.server, RunServer):
                 await self._dispatch(self.server.process, service, pending)
+            else:
+                await self._dispatch_fleet(self.server, service, pending)
         finally:
             await asyncio.to_thread(self.server.stop)
             await service.stop()
             await upstream.aclose()
 
-    async def _bring_up(self, upstream: Upstream, server: RunServer) -> None:
+    async def _bring_up(self, upstream: Upstream, server: RunServer | FleetRun) -> None:
         """Check the model while the rollout server comes up; the model's error wins."""
         preflight = asyncio.create_task(self._preflight(upstream))
         ready = asyncio.create_task(server.ready())
@@ -295,7 +327,17 @@ class _Invocation:
             error = _failure(task)
             if error is not None:
                 raise error
-        self.note("server", f"rollout server healthy on port {server.process.port}")
+        if isinstance(server, RunServer):
+            self.note("server", f"rollout server healthy on port {server.process.port}")
+        else:
+            where = ", ".join(info.url for info in server.infos)
+            self.note("server", f"{len(server.infos)} rollout servers healthy: {where}")
+            for info in server.infos:
+                self.runlog.info(
+                    "server",
+                    f"rollout server {info.index}",
+                    {"url": info.url, "node": info.node_ip, "pid": info.pid},
+                )
 
     async def _preflight(self, upstream: Upstream) -> None:
         self.note("preflight", f"checking model {self.plan.model_path} ({upstream.target})")
@@ -342,11 +384,78 @@ class _Invocation:
             )
             await self._run_scheduler(scheduler, pool, server, pending)
 
+    async def _dispatch_fleet(
+        self, fleet: FleetRun, service: ControllerService, pending: list[WorkItem]
+    ) -> None:
+        """The fleet behind one balanced dispatcher: as many workers as the servers' capacity
+        together; a server that dies has its in-flight items run again elsewhere."""
+        from osmosis_ai.controller.balance import BalancedDispatcher, ServerSlot
+        from osmosis_ai.controller.dispatch import Dispatcher
+        from osmosis_ai.eval.scheduler import Scheduler, choose_workers, server_capacity
+
+        plan, infos = self.plan, fleet.infos
+        choice = self.generation if plan.generation_forced else "auto"
+        dispatchers = [Dispatcher(info.url, service, generation=choice) for info in infos]
+        try:
+            if not plan.generation_forced:
+                self._pin_generation(await dispatchers[0].detect_generation())
+            for dispatcher in dispatchers:
+                dispatcher.generation = self.generation
+            slots = [
+                ServerSlot(f"{i.index} ({i.url})", d, server_capacity(i.health) or 1)
+                for i, d in zip(infos, dispatchers, strict=True)
+            ]
+            balanced = BalancedDispatcher(slots)
+            workers, warning = choose_workers(plan, balanced.capacity, len(pending))
+            if warning is not None:
+                self.warn("schedule", "CAPACITY_BELOW_MAX_IN_FLIGHT", warning)
+            self.note(
+                "schedule",
+                f"running {len(pending)} work items, up to {workers} in flight over "
+                f"{len(slots)} rollout servers ({self.generation} generation, capacity "
+                f"{balanced.capacity})",
+            )
+            scheduler = Scheduler(
+                plan,
+                self.journal,
+                self.runlog,
+                self.run.trials_dir,
+                on_record=self._recorded,
+                on_trajectory=self.projections.mark_dirty,
+            )
+
+            def dead(info: ServerInfo, why: str) -> None:
+                self.warn(
+                    "server",
+                    "ROLLOUT_SERVER_DIED",
+                    f"rollout server {info.index} on {info.node_ip} died ({why.splitlines()[0]}); "
+                    "its in-flight items run again on the others",
+                )
+                self.runlog.output(f"rollout-server-{info.index}", why)
+                balanced.mark_dead(slots[info.index].name, why)
+
+            def output(info: ServerInfo, line: str) -> None:
+                self.runlog.output(f"rollout-server-{info.index}", line)
+
+            watcher = asyncio.create_task(fleet.watch(dead, output))
+            try:
+                await self._run_scheduler(scheduler, [balanced] * workers, fleet, pending)
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+                self.runlog.info(
+                    "schedule",
+                    "attempts per rollout server",
+                    {i.url: s.dispatched for i, s in zip(infos, slots, strict=True)},
+                )
+        finally:
+            await asyncio.gather(*(d.aclose() for d in dispatchers))
+
     async def _run_scheduler(
         self,
         scheduler: Scheduler,
-        pool: list[Dispatcher],
-        server: RolloutServerProcess,
+        pool: Sequence[RunsAttempts],
+        server: RolloutServerProcess | ServerWatch,
         pending: list[WorkItem],
     ) -> None:
         self.scheduler = scheduler
@@ -401,7 +510,8 @@ class _Invocation:
                 self.scheduler.halt("interrupted")
                 self.scheduler.cancel()
             return
-        child = self.server.process.process if self.server is not None else None
+        server = self.server
+        child = server.process.process if isinstance(server, RunServer) else None
         if child is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.pid, signal.SIGKILL)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
+from osmosis_ai.controller.balance import RunsAttempts
 from osmosis_ai.controller.dispatch import (
     HTTP_TIMEOUT_SEC,
     Dispatcher,
@@ -45,6 +46,14 @@ LOST_IN_TRANSIT_RETRIES = 3  # fresh ids an item may take when submit answers ar
 
 RecordHook = Callable[[JournalRecord], None]
 """Told about each record once it is durable."""
+
+
+class ServerWatch(Protocol):
+    """Rollout servers watched as one (a fleet): alive while any of them is."""
+
+    def alive(self) -> bool: ...
+
+    def exit_detail(self) -> str: ...
 
 
 @contextlib.asynccontextmanager
@@ -130,7 +139,10 @@ class Scheduler:
             worker.cancel()
 
     async def run(
-        self, pool: list[Dispatcher], server: RolloutServerProcess, pending: list[WorkItem]
+        self,
+        pool: Sequence[RunsAttempts],
+        server: RolloutServerProcess | ServerWatch,
+        pending: list[WorkItem],
     ) -> None:
         """Dispatch ``pending`` with one worker per dispatcher in ``pool`` until done or
         halted; then settle the trajectory waits."""
@@ -146,7 +158,7 @@ class Scheduler:
                     wait.cancel()
             await asyncio.gather(*self._waits, return_exceptions=True)
 
-    async def _worker(self, dispatcher: Dispatcher, items: Iterator[WorkItem]) -> None:
+    async def _worker(self, dispatcher: RunsAttempts, items: Iterator[WorkItem]) -> None:
         while self.halted is None:
             item = next(items, None)
             if item is None:
@@ -159,7 +171,7 @@ class Scheduler:
                 self.runlog.error("dispatch", "worker failed", {"error": repr(exc)})
                 self.halt(f"{type(exc).__name__}: {exc}")
 
-    async def _run_item(self, dispatcher: Dispatcher, item: WorkItem) -> None:
+    async def _run_item(self, dispatcher: RunsAttempts, item: WorkItem) -> None:
         """Runs ``item`` until an attempt settles it. An attempt whose submit answer was
         lost runs again under a fresh id, up to ``LOST_IN_TRANSIT_RETRIES`` times; when the
         answers keep being lost, the run halts with the last one's detail."""
@@ -173,8 +185,8 @@ class Scheduler:
             if tries > LOST_IN_TRANSIT_RETRIES:
                 self.halt(
                     f"the answers to {tries} submits in a row for row {item.row_index} run "
-                    f"{item.run_index} were lost and the rollout server does not replay "
-                    f"submits; the last: {lost}"
+                    f"{item.run_index} were lost (a rollout server that does not replay "
+                    f"submits, or one that died); the last: {lost}"
                 )
                 return
             self.runlog.warning(
@@ -183,7 +195,7 @@ class Scheduler:
                 {"id": attempt.rollout_id, "detail": lost},
             )
 
-    async def _attempt(self, dispatcher: Dispatcher, attempt: Attempt) -> str | None:
+    async def _attempt(self, dispatcher: RunsAttempts, attempt: Attempt) -> str | None:
         """Runs one attempt; when it was lost in transit (admitted, its answer lost, the
         rollout cancelled, nothing journaled), returns why, and the item may run again."""
         row = self.plan.rows[attempt.row_index]
@@ -277,13 +289,15 @@ class Scheduler:
                 return
         self.runlog.warning("trajectory", "no trajectory.json within 30 s", {"path": str(path)})
 
-    async def _monitor(self, server: RolloutServerProcess) -> None:
-        """Halt and cancel the pool when the rollout server dies mid-run."""
+    async def _monitor(self, server: RolloutServerProcess | ServerWatch) -> None:
+        """Halt and cancel the pool when the rollout server (every one of a fleet) dies."""
         while server.alive():  # noqa: ASYNC110 (a child process has no event to await)
             await asyncio.sleep(_SERVER_CHECK_SEC)
-        code = server.process.returncode if server.process is not None else None
-        self.halt(
-            f"the rollout server exited with code {code} mid-run; its last output:\n"
-            f"{self.runlog.redactor.redact(server.output_tail())}"
-        )
+        if isinstance(server, RolloutServerProcess):
+            code = server.process.returncode if server.process is not None else None
+            detail = f"the rollout server exited with code {code} mid-run; its last output:\n"
+            detail += server.output_tail()
+        else:
+            detail = server.exit_detail()
+        self.halt(self.runlog.redactor.redact(detail))
         self.cancel()

@@ -49,6 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-y", "--yes", action="store_true", help="skip the cost confirmation")
     parser.add_argument("--upload", action="store_true", help="upload the results to a platform")
     parser.add_argument("--rollout-port", type=int, help="port for the rollout server (advanced)")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="run the rollout servers on a Ray cluster: auto (default), HOST:PORT, or local "
+        "(the distributed extra)",
+    )
+    parser.add_argument(
+        "--rollout-servers",
+        type=int,
+        metavar="R",
+        help="rollout servers of the Ray fleet, spread over its nodes (default 2; needs --ray)",
+    )
     parser.add_argument("--verbose", action="store_true", help="stream logs.txt (advanced)")
     parser.add_argument(
         "--generation",
@@ -86,6 +100,8 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         retry_failed=args.retry_failed,
         max_in_flight=args.max_in_flight,
         rollout_port=args.rollout_port,
+        ray=args.ray,
+        rollout_servers=args.rollout_servers,
         generation=args.generation,
         verbose=args.verbose,
         secrets_file_values=read_secrets_file(args.secrets_file),

@@ -1,0 +1,170 @@
+"""``BalancedDispatcher``: one dispatcher over several rollout servers.
+
+Each attempt goes to the live server with the lowest load for its advertised ``/health``
+capacity (in flight ÷ capacity), through that server's own :class:`Dispatcher`. A server
+that dies mid-run is marked dead (by whoever watches the servers, or by the first attempt
+whose transport fails while the server no longer answers ``/health``): its attempts in
+flight are cancelled, which stops each one's commit before it can start, and each ends as
+``lost_in_transit`` with nothing committed, so the caller runs the item again under a fresh
+id on another server. An attempt whose result was already committed keeps that result:
+no sample is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import httpx
+
+from osmosis_ai.controller.attempt import CommitHook, DispatchOutcome, DispatchRequest
+from osmosis_ai.controller.dispatch import Dispatcher
+from osmosis_ai.errors import RolloutProtocolError, UsageError
+
+__all__ = ["BalancedDispatcher", "RunsAttempts", "ServerSlot"]
+
+_HEALTH_PROBE_SEC = 3.0
+
+
+class RunsAttempts(Protocol):
+    """What a worker pool needs of a dispatcher: run one attempt to its outcome."""
+
+    async def run(
+        self, request: DispatchRequest, *, commit: CommitHook | None = None
+    ) -> DispatchOutcome: ...
+
+
+@dataclass(eq=False)
+class ServerSlot:
+    """One rollout server behind a :class:`BalancedDispatcher`."""
+
+    name: str
+    dispatcher: Dispatcher
+    capacity: int = 1
+    alive: bool = True
+    death: str = ""
+    in_flight: int = 0
+    dispatched: int = 0
+    attempts: set[asyncio.Task[DispatchOutcome]] = field(default_factory=set, repr=False)
+
+
+class BalancedDispatcher:
+    """Runs attempts over ``slots`` by capacity; see the module docstring.
+
+    Args:
+        slots: the servers (each capacity at least 1).
+        on_dead: told (name, why) once for each server marked dead.
+    """
+
+    def __init__(
+        self,
+        slots: Sequence[ServerSlot],
+        *,
+        on_dead: Callable[[ServerSlot], None] | None = None,
+    ) -> None:
+        if not slots:
+            raise UsageError("a balanced dispatcher needs at least one rollout server")
+        self.slots = list(slots)
+        self.on_dead = on_dead
+
+    @property
+    def capacity(self) -> int:
+        """The advertised capacity of the live servers together."""
+        return sum(slot.capacity for slot in self.slots if slot.alive)
+
+    def live(self) -> list[ServerSlot]:
+        return [slot for slot in self.slots if slot.alive]
+
+    def mark_dead(self, name: str, why: str) -> None:
+        """Take server ``name`` out: its in-flight attempts are cancelled and come back as
+        lost in transit (nothing committed) for the caller to run again elsewhere."""
+        for slot in self.slots:
+            if slot.name == name and slot.alive:
+                slot.alive, slot.death = False, why
+                for attempt in slot.attempts:
+                    attempt.cancel()
+                if self.on_dead is not None:
+                    self.on_dead(slot)
+
+    def _choose(self) -> ServerSlot | None:
+        live = self.live()
+        if not live:
+            return None
+        return min(live, key=lambda s: ((s.in_flight + 1) / max(s.capacity, 1), s.dispatched))
+
+    async def run(
+        self, request: DispatchRequest, *, commit: CommitHook | None = None
+    ) -> DispatchOutcome:
+        """Run one attempt on the least loaded live server."""
+        slot = self._choose()
+        if slot is None:
+            deaths = "; ".join(f"{s.name}: {s.death}" for s in self.slots)
+            return DispatchOutcome(
+                rollout_id=request.rollout_id or "",
+                generation=None,
+                kind="transport_error",
+                admitted=False,
+                detail=f"every rollout server of the fleet died ({deaths})",
+            )
+        committed: list[DispatchOutcome] = []
+
+        async def record(outcome: DispatchOutcome) -> None:
+            if commit is not None:
+                await commit(outcome)
+            committed.append(outcome)
+
+        attempt = asyncio.ensure_future(slot.dispatcher.run(request, commit=record))
+        slot.attempts.add(attempt)
+        slot.in_flight += 1
+        slot.dispatched += 1
+        try:
+            try:
+                await asyncio.wait({attempt})
+            except asyncio.CancelledError:  # the caller's cancel: the attempt's own rules
+                attempt.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await attempt
+                raise
+        finally:
+            slot.attempts.discard(attempt)
+            slot.in_flight -= 1
+        if attempt.cancelled():  # its server was marked dead
+            return committed[-1] if committed else self._lost(slot, request)
+        outcome = attempt.result()
+        if outcome.kind == "transport_error" and not committed and await self._died(slot):
+            return self._lost(slot, request, outcome)
+        return outcome
+
+    async def _died(self, slot: ServerSlot) -> bool:
+        """Whether the server no longer answers (then it is marked dead)."""
+        if not slot.alive:
+            return True
+        try:
+            async with asyncio.timeout(_HEALTH_PROBE_SEC):
+                await slot.dispatcher.health()
+        except (httpx.HTTPError, RolloutProtocolError, TimeoutError, ValueError) as exc:
+            self.mark_dead(slot.name, f"it stopped answering /health ({type(exc).__name__})")
+            return True
+        return False
+
+    def _lost(
+        self, slot: ServerSlot, request: DispatchRequest, outcome: DispatchOutcome | None = None
+    ) -> DispatchOutcome:
+        why = (slot.death.splitlines() or ["gone"])[0]
+        detail = (
+            f"rollout server {slot.name} died mid-rollout ({why}); "
+            "the item runs again on another server under a fresh id"
+        )
+        if outcome is not None:
+            return replace(outcome, lost_in_transit=True, detail=detail)
+        return DispatchOutcome(
+            rollout_id=request.rollout_id or "",
+            generation=slot.dispatcher.generation,
+            kind="transport_error",
+            admitted=True,
+            detail=detail,
+            lost_in_transit=True,
+        )

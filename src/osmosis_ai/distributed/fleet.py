@@ -1,0 +1,231 @@
+"""A fleet of rollout servers as Ray actors, spread over the cluster's nodes.
+
+Each actor starts the user's entrypoint exactly as a single-machine run does
+(:class:`~osmosis_ai.controller.rollout_process.RolloutServerProcess`), bound to its node's
+own address, and reports its URL, its ``/health`` body, and its output. The driver places
+server ``i`` on live node ``i mod n`` (a soft affinity: a full node passes it on), polls each
+actor, and hears about a server that died (its process exited, or the actor or its node went
+away) within one poll.
+
+Secrets in :attr:`FleetSpec.env` travel to the nodes inside Ray's task arguments: run the
+cluster on a private network (Ray's traffic is not encrypted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from osmosis_ai.controller.rollout_process import RolloutServerError, RolloutServerProcess
+from osmosis_ai.distributed.cluster import ClusterError, require_ray
+
+__all__ = ["FleetSpec", "RolloutFleet", "ServerInfo", "ServerState"]
+
+_POLL_SEC = 0.2
+_OUTPUT_KEEP = 2000  # lines an actor holds between two polls
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """What every server of the fleet runs: the same entrypoint, environment and artifact root
+    (a path every node can write: on one machine, or a shared file system)."""
+
+    rollout_dir: Path
+    entrypoint: Path
+    artifact_root: Path
+    env: Mapping[str, str] = field(default_factory=dict[str, str])
+    health_timeout_sec: float = 90.0
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """One started server of the fleet."""
+
+    index: int
+    url: str
+    node_ip: str
+    node_id: str
+    pid: int
+    instance_id: str
+    health: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """One poll of a server: alive or not, why it is not, and the output since the last poll."""
+
+    alive: bool
+    exit_detail: str = ""
+    lines: tuple[str, ...] = ()
+
+
+class _ServerHost:
+    """The actor body (made a Ray actor by :class:`RolloutFleet`): one rollout server child."""
+
+    def __init__(self, spec: FleetSpec, index: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.process: RolloutServerProcess | None = None
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def _collect(self, line: str) -> None:
+        with self._lock:
+            self._lines.append(line)
+            del self._lines[:-_OUTPUT_KEEP]
+
+    def start(self) -> ServerInfo:
+        import httpx
+        import ray
+
+        spec = self.spec
+        ip = str(ray.util.get_node_ip_address())
+        process = RolloutServerProcess(
+            rollout_dir=spec.rollout_dir,
+            entrypoint=spec.entrypoint,
+            artifact_root=spec.artifact_root,
+            env=dict(spec.env),
+            on_output=self._collect,
+            health_timeout_sec=spec.health_timeout_sec,
+            host=ip,
+        )
+        self.process = process
+        if process.command() and process.isolated:
+            process.sync()
+        process.start()
+        health = httpx.get(f"{process.url}/health", timeout=10.0).json()
+        assert process.process is not None
+        return ServerInfo(
+            index=self.index,
+            url=process.url,
+            node_ip=ip,
+            node_id=str(ray.get_runtime_context().get_node_id()),
+            pid=process.process.pid,
+            instance_id=process.instance_id,
+            health=health if isinstance(health, dict) else {},
+        )
+
+    def poll(self) -> ServerState:
+        with self._lock:
+            lines, self._lines = tuple(self._lines), []
+        process = self.process
+        if process is not None and process.alive():
+            return ServerState(True, lines=lines)
+        code = None if process is None or process.process is None else process.process.returncode
+        tail = process.output_tail() if process is not None else "(not started)"
+        return ServerState(False, f"exited with code {code}; its last output:\n{tail}", lines)
+
+    def stop(self, grace_sec: float) -> None:
+        if self.process is not None:
+            self.process.stop(grace_sec)
+
+
+class RolloutFleet:
+    """``servers`` rollout servers as Ray actors; this process must be a Ray driver
+    (:func:`~osmosis_ai.distributed.cluster.connect`).
+
+    Args:
+        spec: what each server runs.
+        servers: how many servers (at least 1).
+        cpus_per_server: the logical CPUs each actor reserves on its node.
+    """
+
+    def __init__(self, spec: FleetSpec, servers: int, *, cpus_per_server: float = 1.0) -> None:
+        if servers < 1:
+            raise ClusterError(f"a fleet needs at least one rollout server, got {servers}")
+        self.spec = spec
+        self.servers = servers
+        self.cpus_per_server = cpus_per_server
+        self.infos: list[ServerInfo] = []
+        self.dead: dict[int, str] = {}
+        self._actors: list[Any] = []
+
+    # -- start and stop ----------------------------------------------------------------------
+
+    def place(self) -> list[str]:
+        """The node id for each server: live nodes with room, round robin by address."""
+        ray = require_ray("a rollout server fleet")
+        nodes = [
+            n
+            for n in ray.nodes()
+            if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= self.cpus_per_server
+        ]
+        if not nodes:
+            raise ClusterError(
+                f"no live node of the Ray cluster has {self.cpus_per_server:g} CPU free for a "
+                "rollout server: add nodes, or lower the CPUs per server"
+            )
+        nodes.sort(key=lambda n: str(n.get("NodeManagerAddress")))
+        return [str(nodes[i % len(nodes)]["NodeID"]) for i in range(self.servers)]
+
+    def start(self) -> list[ServerInfo]:
+        """Start every server (in parallel) and wait until each is healthy."""
+        ray = require_ray("a rollout server fleet")
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        host = ray.remote(_ServerHost)
+        for index, node in enumerate(self.place()):
+            strategy = NodeAffinitySchedulingStrategy(node, soft=True)
+            actor = host.options(
+                num_cpus=self.cpus_per_server, scheduling_strategy=strategy, max_restarts=0
+            ).remote(self.spec, index)
+            self._actors.append(actor)
+        try:
+            self.infos = list(ray.get([actor.start.remote() for actor in self._actors]))
+        except Exception as exc:
+            self.stop()
+            cause = getattr(exc, "cause", None) or exc
+            if isinstance(cause, RolloutServerError):
+                raise cause from exc
+            raise ClusterError(f"the rollout server fleet did not start: {cause}") from exc
+        return self.infos
+
+    def stop(self, grace_sec: float = 5.0) -> None:
+        """Stop every server, then end the actors."""
+        ray = require_ray("a rollout server fleet")
+        stops = [actor.stop.remote(grace_sec) for actor in self._actors]
+        with contextlib.suppress(Exception):
+            ray.get(stops, timeout=grace_sec + 10.0)
+        for actor in self._actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        self._actors = []
+
+    # -- watching ----------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        """Whether any server still runs (as of the last poll)."""
+        return len(self.dead) < len(self._actors)
+
+    async def poll(self, index: int) -> ServerState:
+        """One server's state; an actor (or node) that is gone counts as a dead server."""
+        try:
+            state: ServerState = await self._actors[index].poll.remote()
+        except Exception as exc:  # RayActorError, ActorDiedError, a lost node
+            return ServerState(False, f"its Ray actor is gone ({type(exc).__name__}: {exc})")
+        return state
+
+    async def watch(
+        self,
+        on_dead: Callable[[ServerInfo, str], None],
+        on_output: Callable[[ServerInfo, str], None] | None = None,
+        interval_sec: float = _POLL_SEC,
+    ) -> None:
+        """Poll every live server until cancelled; ``on_dead`` hears of each that died once."""
+        while True:
+            live = [i for i in range(len(self._actors)) if i not in self.dead]
+            states = await asyncio.gather(*(self.poll(i) for i in live))
+            for index, state in zip(live, states, strict=True):
+                info = self.infos[index]
+                if on_output is not None:
+                    for line in state.lines:
+                        on_output(info, line)
+                if not state.alive:
+                    self.dead[index] = state.exit_detail
+                    on_dead(info, state.exit_detail)
+            await asyncio.sleep(interval_sec)
