@@ -43,10 +43,17 @@ class ControllerService:
         controller_token: the callback bearer (random when ``None``); must differ from the
             proxy's token.
         port: the port to bind on 127.0.0.1 (``None``: an ephemeral one).
+        host: the address to bind and hand to rollout servers: 127.0.0.1, or this machine's
+            cluster address when rollout servers run on other machines (a Ray fleet).
     """
 
     def __init__(
-        self, proxy: PolicyProxy, *, controller_token: str | None = None, port: int | None = None
+        self,
+        proxy: PolicyProxy,
+        *,
+        controller_token: str | None = None,
+        port: int | None = None,
+        host: str = LOOPBACK,
     ) -> None:
         token = controller_token if controller_token is not None else secrets.token_urlsafe(32)
         if token == proxy.token:
@@ -60,6 +67,7 @@ class ControllerService:
         # predate llm_api_key); that bearer is theirs already, so accepting it grants nothing.
         proxy.also_accept(token)
         self.requested_port = port
+        self.host = host
         self._port: int | None = None
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -85,7 +93,7 @@ class ControllerService:
     @property
     def base_url(self) -> str:
         """``http://127.0.0.1:<port>`` while the service runs."""
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def chat_completions_url(self, rollout_id: str) -> str:
         """The rollout's OpenAI base URL, ``<base>/v1/rollouts/<id>`` (agents append
@@ -121,16 +129,16 @@ class ControllerService:
         """Bind 127.0.0.1 and serve on the running loop; returns once connections are taken."""
         if self._task is not None:
             raise UsageError("the controller service is already running")
-        sock = _bind(self.requested_port)
+        sock = _bind(self.host, self.requested_port)
         port = int(sock.getsockname()[1])
-        server = _server(self, port)
+        server = _server(self, self.host, port)
         task = asyncio.create_task(server.serve(sockets=[sock]), name="osmosis-controller")
         while not server.started:
             if task.done():
                 sock.close()
                 exc = None if task.cancelled() else task.exception()
                 raise ControllerServiceError(
-                    f"the controller service on {LOOPBACK}:{port} exited during start-up: {exc!r}"
+                    f"the controller service on {self.host}:{port} exited during start-up: {exc!r}"
                 ) from exc
             await asyncio.sleep(0.005)
         self._server, self._task, self._port = server, task, port
@@ -165,16 +173,16 @@ class ControllerService:
         await self.stop()
 
 
-def _bind(port: int | None) -> socket.socket:
+def _bind(host: str, port: int | None) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((LOOPBACK, port or 0))
+        sock.bind((host, port or 0))
     except OSError as exc:
         sock.close()
         taken = exc.errno == errno.EADDRINUSE
         raise ControllerServiceError(
-            f"cannot bind the controller service to {LOOPBACK}:{port}: "
+            f"cannot bind the controller service to {host}:{port}: "
             + (
                 "the port is already in use; pick another port or omit it for an ephemeral one"
                 if taken
@@ -184,7 +192,7 @@ def _bind(port: int | None) -> socket.socket:
     return sock
 
 
-def _server(app: ControllerService, port: int) -> Any:
+def _server(app: ControllerService, host: str, port: int) -> Any:
     try:
         import uvicorn
     except ModuleNotFoundError as exc:
@@ -198,7 +206,7 @@ def _server(app: ControllerService, port: int) -> Any:
 
     config = uvicorn.Config(
         app,
-        host=LOOPBACK,
+        host=host,
         port=port,
         lifespan="off",
         ws="none",  # no websocket routes; loading a ws library would slow eval run's start-up

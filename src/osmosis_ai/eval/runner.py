@@ -291,7 +291,13 @@ class _Invocation:
         model_env = {**self.environ, **self.options.secrets_file_values, **self.secrets}
         upstream = upstream_from_model_path(self.plan.model_path, model_env)
         proxy = PolicyProxy(upstream)
-        service = ControllerService(proxy)
+        # A fleet's servers call the proxy from their nodes: it listens on this node's address.
+        fleet = self.server if not isinstance(self.server, RunServer) else None
+        connection = fleet.connection if fleet is not None else None
+        if connection is not None:
+            service = ControllerService(proxy, host=connection.node_ip)
+        else:
+            service = ControllerService(proxy)
         self.redactor.add(proxy.token, service.controller_token)
         try:
             await service.start()
