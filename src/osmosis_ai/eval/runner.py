@@ -108,6 +108,7 @@ class _Invocation:
         self.tally = TallyCounter(len(plan.items), plan.config.evaluation.pass_threshold)
         self.interrupted = False
         self.scheduler: Scheduler | None = None
+        self._bringing_up: set[asyncio.Task[None]] = set()  # cancelled by an interrupt
         self._signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -318,7 +319,7 @@ class _Invocation:
         """Check the model while the rollout server comes up; the model's error wins."""
         preflight = asyncio.create_task(self._preflight(upstream))
         ready = asyncio.create_task(server.ready())
-        tasks = {preflight, ready}
+        tasks = self._bringing_up = {preflight, ready}
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             if _failure(preflight) is not None:
@@ -327,12 +328,15 @@ class _Invocation:
                 preflight.cancel()
             await asyncio.wait(tasks)
         finally:
+            self._bringing_up = set()
             for task in tasks:
                 task.cancel()
         for task in (preflight, ready):
             error = _failure(task)
             if error is not None:
                 raise error
+        if self.interrupted:
+            return
         if isinstance(server, RunServer):
             self.note("server", f"rollout server healthy on port {server.process.port}")
         else:
@@ -515,6 +519,8 @@ class _Invocation:
             if self.scheduler is not None:
                 self.scheduler.halt("interrupted")
                 self.scheduler.cancel()
+            for task in self._bringing_up:  # a model check that hangs must not hold the stop
+                task.cancel()
             return
         server = self.server
         child = server.process.process if isinstance(server, RunServer) else None
