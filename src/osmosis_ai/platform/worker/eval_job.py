@@ -381,8 +381,13 @@ class _EvalJob:
             self.forwarder.lost = True
         except OsmosisError as exc:
             self._close_forwarder()
-            if not self.forwarder.lost:
-                self._end("failed", self._redact(str(exc)))
+            if self.forwarder.lost:
+                return
+            if self.ctx.stop.is_set():  # e.g. the stop ended the rollout's uv sync
+                reason = self._redact(str(exc))
+                self._end("stopped", None, message=f"Stopped while starting up ({reason})")
+                return
+            self._end("failed", self._redact(str(exc)))
             return
         except BaseException:
             self._close_forwarder()
