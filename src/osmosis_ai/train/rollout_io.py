@@ -411,6 +411,10 @@ def _describe(exc: BaseException) -> str:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides when to stop
+    # A SIGTERM to the trainer's process group (a platform worker stopping the run) too: the
+    # trainer finishes its step with this process, saves, then closes it. A handler, not
+    # SIG_IGN, so the rollout server started from here gets the default action back.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     # Below the trainer (the rollout server inherits it): when both want the CPU, the
     # trainer's step goes first; the rollouts dispatched during it have until it ends.
     os.nice(_NICENESS)
