@@ -128,19 +128,21 @@ async def test_shutdown_removes_the_staged_code_and_empty_scratch_folders(
         (folder / "sub").mkdir(parents=True)
         (folder / "sub" / "file.py").write_text("x = 1\n")
 
-    # Trials planned at once share one copy (each plan runs in a thread of its own).
-    await asyncio.gather(*(solve(backend, f"clean-{n}") for n in range(3)))
-    await solve(backend, "clean-3")
-    staged = list(stages.iterdir())
-    assert not orphan.exists() and alive.is_dir()
-    mine = [p for p in staged if p != alive]
-    assert len(mine) == 1  # one copy serves every trial
-    assert (mine[0] / "cleanup_flow.py").is_file()
+    try:
+        # Trials planned at once share one copy (each plan runs in a thread of its own).
+        await asyncio.gather(*(solve(backend, f"clean-{n}") for n in range(3)))
+        await solve(backend, "clean-3")
+        staged = list(stages.iterdir())
+        assert not orphan.exists() and alive.is_dir()
+        mine = [p for p in staged if p != alive]
+        assert len(mine) == 1  # one copy serves every trial
+        assert (mine[0] / "cleanup_flow.py").is_file()
 
-    await backend.shutdown()
-    assert not mine[0].exists()
-    assert sorted(p.name for p in stages.iterdir()) == [alive.name]
-    shutil.rmtree(alive)
+        await backend.shutdown()
+        assert not mine[0].exists()
+        assert sorted(p.name for p in stages.iterdir()) == [alive.name]
+    finally:
+        shutil.rmtree(alive, ignore_errors=True)
     await backend.shutdown()  # a second shutdown is harmless; now every folder is empty
     assert not backend.scratch_root.exists()
 
@@ -163,3 +165,24 @@ def test_process_exit_removes_the_staged_code(
     assert Path(stage).name.split("-")[0].isdigit()
     assert not Path(stage).exists()
     assert not Path(stage).parent.parent.exists()  # the scratch root, left empty, went too
+
+
+async def test_a_rollout_cancelled_while_its_task_is_copied_leaves_no_copy(
+    tmp_path: Path, code_dir: Path, task_builder: Callable[..., Path]
+):
+    backend = make_backend(tmp_path, task_builder(), code_dir)
+    request = ExecutionRequest(id="cancel-1", prompt=[{"role": "user", "content": "go"}])
+    job = asyncio.create_task(backend.execute(request))
+    await asyncio.sleep(0)  # the plan (the task's copy) is being made in a thread
+    backend.cancel_rollouts(all=True)
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    copies = backend.scratch_root / "tasks"
+    # The planning thread goes on: it makes the folder of copies, then the copy, which goes.
+    for _ in range(400):
+        if copies.is_dir() and not any(copies.iterdir()):
+            break
+        await asyncio.sleep(0.05)
+    assert copies.is_dir() and list(copies.iterdir()) == []
+    await backend.shutdown()
+    assert not backend.scratch_root.exists()

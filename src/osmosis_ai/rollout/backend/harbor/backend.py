@@ -505,8 +505,15 @@ class HarborBackend(ExecutionBackend):
                 )
                 return ExecutionOutcome(failed, _ungraded(failed) if request.grade else None)
         trial_name = f"{_SAFE.sub('-', request.id)[:40]}__{uuid.uuid4().hex[:8]}"
+        planning = _Planning()
         try:
-            plan = await asyncio.to_thread(self._plan, request, trial_name, chat_url, api_key)
+            plan = await asyncio.to_thread(
+                planning.run, self._plan, request, trial_name, chat_url, api_key
+            )
+        except asyncio.CancelledError:
+            # The thread goes on copying the task: its copy is removed as soon as it is made.
+            planning.cancel()
+            raise
         except TaskSelectionError as exc:
             failed = ExecutionResult.failure(str(exc), RolloutErrorCategory.VALIDATION_ERROR)
             return ExecutionOutcome(failed, _ungraded(failed) if request.grade else None)
@@ -1030,6 +1037,37 @@ def _check_orchestrator(orchestrator: Any) -> None:
             "treats a trial's end as final, so keep RetryConfig(max_retries=0)",
             stacklevel=3,
         )
+
+
+class _Planning:
+    """One plan made in a thread; a rollout cancelled meanwhile gets its task copy removed
+    whether the thread is done or not (the thread is not stopped by the cancel)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._plan: _Plan | None = None
+
+    def run(self, make: Callable[..., _Plan], *args: Any) -> _Plan:
+        plan = make(*args)
+        with self._lock:
+            if not self._cancelled:
+                self._plan = plan
+                return plan
+        _discard(plan)
+        return plan
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            plan, self._plan = self._plan, None
+        if plan is not None:
+            _discard(plan)
+
+
+def _discard(plan: _Plan) -> None:
+    if plan.scratch is not None:
+        remove_tree(plan.scratch)
 
 
 @atexit.register
