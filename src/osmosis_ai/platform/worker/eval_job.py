@@ -381,13 +381,8 @@ class _EvalJob:
             self.forwarder.lost = True
         except OsmosisError as exc:
             self._close_forwarder()
-            if self.forwarder.lost:
-                return
-            if self.ctx.stop.is_set():  # e.g. the stop ended the rollout's uv sync
-                reason = self._redact(str(exc))
-                self._end("stopped", None, message=f"Stopped while starting up ({reason})")
-                return
-            self._end("failed", self._redact(str(exc)))
+            if not self.forwarder.lost:
+                self._end_on_error(exc)
             return
         except BaseException:
             self._close_forwarder()
@@ -406,6 +401,15 @@ class _EvalJob:
             self._end("stopped", None, message="Stopped: the evaluation was interrupted")
             return
         self._finish(result)
+
+    def _end_on_error(self, exc: OsmosisError) -> None:
+        """``run_eval`` failed: stopped if a stop caused it (e.g. it ended the rollout's uv
+        sync), else failed."""
+        reason = self._redact(str(exc))
+        if self.ctx.stop.is_set():
+            self._end("stopped", None, message=f"Stopped while starting up ({reason})")
+        else:
+            self._end("failed", reason)
 
     def _close_forwarder(self) -> None:
         with contextlib.suppress(LeaseLost):
