@@ -1,14 +1,15 @@
 """``osmosis train run --ray``: the same run, its steps on a Ray cluster. Both sides live
 here: the driver's (:func:`train_on_ray`) and the workers' entry point (:func:`train_loop`,
-which runs ``runner.WorkerRun``), with what the driver starts beside the workers (the
-rollout servers, and on GPUs the vLLM engine).
+which runs ``runner.WorkerRun``), with what the driver starts beside the workers on GPUs
+(the vLLM engine).
 
 The machine that runs the command (the driver) keeps the run directory's journal and
 manifest, does the short supervised warm-up in one process exactly as on one machine, then
 places ``N`` trainer workers with Ray Train's ``TorchTrainer`` (gloo on CPU, NCCL on GPUs).
 Every worker runs TRL's GRPO on its share of each step's prompts (DDP: the gradients are
 averaged, so a step is the same update as on one machine), sending its rollouts through the
-rollout protocol to the run's rollout servers against its own copy of the current policy.
+rollout protocol to a rollout server started beside it (the user's entrypoint, as on one
+machine), against its own copy of the current policy.
 Worker 0 writes metrics, checkpoints (Hugging Face format) and the trainer's resumable
 state into the run directory, which every node must see at the same path (one machine, or a
 shared filesystem). Its events reach the driver through a Ray queue, so progress renders as
@@ -59,6 +60,8 @@ class Session(Protocol):
 
     def _prepare_model(self, device: str) -> None: ...
 
+    def warn(self, code: str, message: str) -> None: ...
+
 
 _FEATURE = "osmosis train run --ray"
 _POLL_SEC = 0.25
@@ -75,14 +78,13 @@ class Finished:
 @dataclass(frozen=True)
 class WorkerSpec:
     """What each trainer worker gets: the plan (without what cannot travel), its events
-    queue, the rollout servers' URLs (empty: each worker starts one beside itself), and
+    queue, and
     the vLLM server URL on GPUs (``None``: the local policy)."""
 
     plan: TrainPlan
     events: Any
     worker: Any  # the class each worker runs (``runner.WorkerRun``)
     id: str  # this invocation's (a restarted worker group counts its starts by it)
-    servers: tuple[str, ...] = ()
     vllm_url: str | None = None
 
 
@@ -92,12 +94,13 @@ def alive_nodes() -> list[dict[str, Any]]:
     return [node for node in ray.nodes() if node.get("Alive")]
 
 
-def resolve_counts(placement: RayPlacement, completions: int) -> tuple[int, int]:
-    """``(trainer workers, rollout servers)``, ``0`` meaning one per alive node."""
+def resolve_workers(placement: RayPlacement, completions: int) -> int:
+    """The trainer workers to place; ``0`` asks for one per alive node (the most, up to
+    that, that share a step's completions equally)."""
     nodes = max(1, len(alive_nodes()))
     workers = placement.trainer_workers or _largest_divisor(completions, nodes)
     check_split(completions, workers)
-    return workers, placement.rollout_servers or nodes
+    return workers
 
 
 def _largest_divisor(completions: int, at_most: int) -> int:
@@ -129,21 +132,25 @@ def train_on_ray(run: Session, worker: type[Any]) -> str:
 def _place(run: Session, worker: type[Any], placement: RayPlacement) -> str:
     plan = run.plan
     completions = plan.batch * plan.group
-    workers, servers = resolve_counts(placement, completions)
+    workers = resolve_workers(placement, completions)
     gpu = cluster_has_gpus() and (plan.options.device or "cuda").startswith("cuda")
     run.stage(
         f"Ray cluster: {len(alive_nodes())} nodes; {workers} trainer workers "
-        f"({'NCCL on GPUs' if gpu else 'gloo on CPU'}), {servers} rollout servers"
+        f"({'NCCL on GPUs' if gpu else 'gloo on CPU'}), each with a rollout server beside it"
     )
-    fleet = start_rollout_servers(run, servers)
+    if placement.rollout_servers and placement.rollout_servers != workers:
+        run.warn(
+            "ROLLOUT_SERVERS_IGNORED",
+            f"rollout_servers = {placement.rollout_servers}: training starts one rollout "
+            f"server per trainer worker ({workers}); the count applies to osmosis eval run",
+        )
     vllm = start_vllm(run) if gpu else None
     try:
-        return _fit(run, worker, workers, gpu, fleet=fleet, vllm=vllm)
+        return _fit(run, worker, workers, gpu, vllm=vllm)
     finally:
-        for handle in (vllm, fleet):
-            if handle is not None:
-                with contextlib.suppress(Exception):
-                    handle.close()
+        if vllm is not None:
+            with contextlib.suppress(Exception):
+                vllm.close()
 
 
 def _warm_up_here(run: Session) -> None:
@@ -159,7 +166,7 @@ def _warm_up_here(run: Session) -> None:
     run.model = run.tokenizer = None
 
 
-def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, fleet: Any, vllm: Any) -> str:
+def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any) -> str:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -174,7 +181,6 @@ def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, fleet: Any
         events=events,
         worker=worker,
         id=uuid.uuid4().hex,
-        servers=tuple(fleet.urls) if fleet is not None else (),
         vllm_url=vllm.url if vllm is not None else None,
     )
     trainer = TorchTrainer(
@@ -323,16 +329,6 @@ def summed(stats: StepStats) -> StepStats:
 
 
 # -- what the driver starts beside the workers ------------------------------------------------
-
-
-def start_rollout_servers(run: Session, count: int) -> Any:
-    """The run's fleet of ``count`` rollout servers as Ray actors, or ``None`` when this
-    install has no fleet (each worker then starts one beside itself)."""
-    try:
-        from osmosis_ai.distributed import fleet  # pyright: ignore[reportMissingImports]
-    except ImportError:
-        return None
-    return fleet.start_for_training(run, count)  # pyright: ignore
 
 
 @dataclass

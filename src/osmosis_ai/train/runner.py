@@ -551,6 +551,12 @@ class WorkerRun(_Run):
 
         from osmosis_ai.train.on_ray import summed
 
+        accelerator = self.trainer.accelerator
+        if accelerator.num_processes != self.world:  # TRL would train each worker alone
+            raise RuntimeError(
+                f"trainer worker {self.rank}: the trainer sees {accelerator.num_processes} "
+                f"processes (rank {accelerator.process_index}), Ray Train placed {self.world}"
+            )
         collector = self.collector
         if collector is not None and collector.last is not None and self.world > 1:
             collector.last = summed(collector.last)
