@@ -189,8 +189,9 @@ def managed_eval(platform: Platform, clone: Path, secrets: Path) -> dict[str, An
     with platform.api() as client:
         deadline = time.monotonic() + 600
         while True:
-            run = client.get(f"/api/cli/eval-runs/{run_id}").raise_for_status().json()
-            run = run.get("eval_run", run)
+            raw = client.get(f"/api/cli/eval-runs/{run_id}").raise_for_status().json()
+            run = {**raw, **raw.get("eval_run", {})}
+            run["results"] = raw.get("results") or run.get("results")
             if run["status"] in ("finished", "failed", "stopped") or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
