@@ -153,15 +153,25 @@ def login_page(request: Request, platform: PlatformDep) -> Response:
     return _login(request, platform, error=None, status=200)
 
 
-def _login(request: Request, platform: Platform, *, error: str | None, status: int) -> Response:
+def _login(
+    request: Request,
+    platform: Platform,
+    *,
+    error: str | None,
+    status: int,
+    form: Mapping[str, str] | None = None,
+) -> Response:
+    """The sign-in page; after a refused sign-in (``form``) it keeps the email and the page the
+    person was going to, so that only the token has to be typed again."""
+    fields = form if form is not None else request.query_params
     cookie = session.csrf_cookie(request)
     answer = render.render(
         "login.html",
         status,
         csrf=session.csrf_token(platform, cookie),
-        next=safe_next(request.query_params.get("next")),
+        next=safe_next(fields.get("next")),
         error=error,
-        email=request.query_params.get("email", ""),
+        email=fields.get("email", "").strip(),
     )
     session.set_cookie(answer, platform, session.CSRF_COOKIE, cookie, max_age=None)
     return answer
@@ -179,10 +189,14 @@ async def login(request: Request, platform: PlatformDep) -> Response:
                 db, raw, platform_url=platform.settings.public_url, now=platform.now()
             )
     except PlatformError as exc:
-        return _login(request, platform, error=exc.message, status=401)
+        return _login(request, platform, error=exc.message, status=401, form=form)
     if principal.email != email:
         return _login(
-            request, platform, error="That token does not belong to that email address.", status=401
+            request,
+            platform,
+            error="That token does not belong to that email address.",
+            status=401,
+            form=form,
         )
     value, max_age = session.session_cookie(platform, principal)
     answer = RedirectResponse(target, status_code=303, headers={"Cache-Control": "no-store"})
