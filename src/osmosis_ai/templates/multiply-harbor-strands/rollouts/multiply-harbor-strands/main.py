@@ -141,7 +141,7 @@ class MultiplyGrader(Grader):
 
 
 def main() -> None:
-    from harbor.trial.queue import TrialQueue
+    from harbor.trial.queue import TrialQueue  # pyright: ignore[reportMissingImports]  # Python 3.12+
 
     backend = HarborBackend(
         # Trials running at once; keep its retries at 0 (a trial's end is final).
