@@ -74,10 +74,11 @@ def window_means(rewards: list[float]) -> tuple[float, float]:
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="known bug: with two gloo DDP workers the first GRPO update wrecks the tiny policy "
-    "(entropy 3.2 -> 5.4, reward 0.27 -> 0 from step 2; the saved checkpoint is wrecked too), "
-    "while one Ray worker and one process learn",
+    strict=False,
+    reason="known bug, not deterministic: with two gloo DDP workers the first GRPO update "
+    "often wrecks the tiny policy (entropy 3.2 -> 5.4, reward 0.27 -> 0 from step 2; the "
+    "saved checkpoint is wrecked too), while one Ray worker and one process learn; some runs "
+    "learn",
 )
 def test_two_trainer_workers_raise_the_reward_as_one_process_does(
     ray_cluster, tmp_path: Path, model_dir: Path
