@@ -65,6 +65,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
@@ -804,6 +805,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
         ]  # fmt: skip
         if restricted:
             bwrap.append("--unshare-net")
+        for path in _runtime_under_tmp():  # /tmp is the trial's own: keep this Python visible
+            bwrap += ["--ro-bind", str(path), str(path)]
         for mount in self._host_mount_list():
             if mount.get("type", "bind") != "bind":
                 raise SandboxError(
@@ -1226,3 +1229,16 @@ def _download_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo
         return tarfile.data_filter(member, dest_path)
     except tarfile.FilterError:
         return None  # a link that points out of the folder: dropped, never followed
+
+
+def _runtime_under_tmp() -> list[Path]:
+    """This interpreter's environment and the SDK's own folder when they lie under ``/tmp``
+    (a checkout or virtual environment there): the sandbox has a ``/tmp`` of its own, and the
+    in-sandbox runner runs on this Python."""
+    import osmosis_ai
+
+    tmp = Path("/tmp")
+    candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(osmosis_ai.__file__).parents[1]}
+    found = sorted({p.resolve() for p in candidates if p.resolve().is_relative_to(tmp)})
+    # a folder inside another one is bound with it
+    return [p for p in found if not any(p != q and p.is_relative_to(q) for q in found)]
