@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep
 from osmosis_ai.platform.auth import Principal, authenticate
-from osmosis_ai.platform.crypto import load_or_create_key
 from osmosis_ai.platform.errors import PlatformError
 from osmosis_ai.platform.services import device
 from osmosis_ai.platform.store.orm import Token, User
+from osmosis_ai.platform.web.session import session_key
 
 router = APIRouter(include_in_schema=False)
 
@@ -35,7 +35,6 @@ SESSION_COOKIE = "osmosis_device_session"
 CSRF_COOKIE = "osmosis_csrf"
 SESSION_LIFETIME = timedelta(hours=1)
 MAX_FORM_BYTES = 16_384
-_KEY = "session_key"
 _HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
@@ -150,17 +149,9 @@ class _Rejected(PlatformError):
     default_code = "FORBIDDEN"
 
 
-def _key(platform: Platform) -> bytes:
-    key = platform.extras.get(_KEY)
-    if not isinstance(key, bytes):
-        key = load_or_create_key(platform.settings.data_dir / "session.key")
-        platform.extras[_KEY] = key
-    return key
-
-
 def _mac(platform: Platform, purpose: str, value: str) -> str:
     message = f"{purpose}:{value}".encode()
-    return hmac.new(_key(platform), message, hashlib.sha256).hexdigest()
+    return hmac.new(session_key(platform), message, hashlib.sha256).hexdigest()
 
 
 def csrf_token(platform: Platform, cookie: str) -> str:

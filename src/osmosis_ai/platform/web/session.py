@@ -37,7 +37,7 @@ CSRF_COOKIE = "osmosis_dashboard_csrf"
 CSRF_HEADER = "x-csrf-token"
 SESSION_LIFETIME = timedelta(hours=12)
 MAX_FORM_BYTES = 64 * 1024
-_KEY = "session_key"  # the extras slot web/device.py keeps the same key in
+_KEY = "session_key"  # the extras slot the key is kept in (web/device.py signs with it too)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class CsrfRejected(PlatformError):
     default_code = "CSRF_INVALID"
 
 
-def _key(platform: Platform) -> bytes:
+def session_key(platform: Platform) -> bytes:
+    """The data dir's key that signs browser sessions and CSRF tokens (made on first use)."""
     key = platform.extras.get(_KEY)
     if not isinstance(key, bytes):
         key = load_or_create_key(platform.settings.data_dir / "session.key")
@@ -65,7 +66,7 @@ def _key(platform: Platform) -> bytes:
 
 def _mac(platform: Platform, purpose: str, value: str) -> str:
     message = f"dashboard-{purpose}:{value}".encode()
-    return hmac.new(_key(platform), message, hashlib.sha256).hexdigest()
+    return hmac.new(session_key(platform), message, hashlib.sha256).hexdigest()
 
 
 # --- the session cookie ------------------------------------------------------------------------
