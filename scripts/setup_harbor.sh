@@ -16,8 +16,9 @@ find_python() {
     echo "$PYTHON_HARBOR"
     return 0
   fi
-  local candidate
-  for candidate in python3.12 /root/.pyenv/versions/3.12.*/bin/python python3.13 /root/.pyenv/versions/3.13.*/bin/python; do
+  local candidate pyenv_root
+  pyenv_root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+  for candidate in python3.12 "$pyenv_root"/versions/3.12.*/bin/python python3.13 "$pyenv_root"/versions/3.13.*/bin/python; do
     if command -v "$candidate" >/dev/null 2>&1 \
       && "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
       command -v "$candidate"
@@ -26,6 +27,12 @@ find_python() {
   done
   return 1
 }
+
+# `setup_harbor.sh --find-python` only says which interpreter the tier would use (exit 1: none).
+if [ "${1:-}" = "--find-python" ]; then
+  find_python
+  exit
+fi
 
 # bubblewrap runs the sandbox; tmux is what Harbor's terminus-2 agent types into (the sandbox
 # shows the host's programs, so it must be on the host).
