@@ -17,8 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from osmosis_ai.cli import records
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
-from osmosis_ai.cli.output import Context
+from osmosis_ai.cli.output import Column, Context, ListResult
 from osmosis_ai.platform.client import (
     PAGE_LIMIT,
     SESSION_EXPIRED,
@@ -236,3 +237,26 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"log entries (1-{LOG_PAGE_LIMIT}, default {PAGE_LIMIT})",
     )
     parser.add_argument("--cursor", help="continue from a previous page's next_cursor")
+
+
+def logs_result(ctx: Context, path: str, title: str, args: argparse.Namespace) -> ListResult:
+    """One page of a resource's logs (``path``: its ``…/logs`` endpoint), as every ``logs``
+    command shows it. Cursor pagination: no total; ``has_more`` says older entries lie beyond
+    ``next_cursor``."""
+    with open_session(ctx) as session:
+        page = session.client.logs(path, limit=args.limit, cursor=args.cursor)
+    items = [records.log_entry(entry) for entry in page.logs]
+    return ListResult(
+        title=title,
+        items=items,
+        total_count=len(items),
+        has_more=page.next_cursor is not None,
+        next_offset=None,
+        columns=[
+            Column("timestamp", "Time"),
+            Column("level", "Level"),
+            Column("step", "Step"),
+            Column("message", "Message"),
+        ],
+        extra={"next_cursor": page.next_cursor, **session.result_context()},
+    )

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from osmosis_ai.cli import records
-from osmosis_ai.cli.output import Column, Context, ListResult, Result
-from osmosis_ai.cli.platform_session import add_log_arguments, open_session
+from osmosis_ai.cli.output import Context, Result
+from osmosis_ai.cli.platform_session import add_log_arguments, logs_result
 from osmosis_ai.platform.client import segment
 
 
@@ -16,23 +15,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
-    with open_session(ctx) as session:
-        page = session.client.logs(
-            f"/api/cli/datasets/{segment(args.name)}/logs", limit=args.limit, cursor=args.cursor
-        )
-    items = [records.log_entry(entry) for entry in page.logs]
-    # Cursor pagination: no total; has_more says older entries lie beyond next_cursor.
-    return ListResult(
-        title=f"Dataset logs: {args.name}",
-        items=items,
-        total_count=len(items),
-        has_more=page.next_cursor is not None,
-        next_offset=None,
-        columns=[
-            Column("timestamp", "Time"),
-            Column("level", "Level"),
-            Column("step", "Step"),
-            Column("message", "Message"),
-        ],
-        extra={"next_cursor": page.next_cursor, **session.result_context()},
+    return logs_result(
+        ctx, f"/api/cli/datasets/{segment(args.name)}/logs", f"Dataset logs: {args.name}", args
     )

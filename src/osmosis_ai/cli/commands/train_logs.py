@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from osmosis_ai.cli import records, training_runs
-from osmosis_ai.cli.output import Column, Context, ListResult, Result
-from osmosis_ai.cli.platform_session import add_log_arguments, open_session
+from osmosis_ai.cli import training_runs
+from osmosis_ai.cli.output import Context, Result
+from osmosis_ai.cli.platform_session import add_log_arguments, logs_result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,22 +15,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
-    with open_session(ctx) as session:
-        page = session.client.logs(
-            f"{training_runs.base_path(args.name)}/logs", limit=args.limit, cursor=args.cursor
-        )
-    items = [records.log_entry(entry) for entry in page.logs]
-    return ListResult(
-        title=f"Training run logs: {args.name}",
-        items=items,
-        total_count=len(items),
-        has_more=page.next_cursor is not None,
-        next_offset=None,
-        columns=[
-            Column("timestamp", "Time"),
-            Column("level", "Level"),
-            Column("step", "Step"),
-            Column("message", "Message"),
-        ],
-        extra={"next_cursor": page.next_cursor, **session.result_context()},
+    return logs_result(
+        ctx, f"{training_runs.base_path(args.name)}/logs", f"Training run logs: {args.name}", args
     )
