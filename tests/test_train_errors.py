@@ -151,3 +151,17 @@ def test_the_public_names_resolve_without_torch_at_import():
     assert sorted(train.__all__) == train.__all__
     for name in train.__all__:
         assert getattr(train, name) is not None, name
+
+
+def test_lr_warmup_steps_ramps_trls_learning_rate(workspace: Path, tmp_path: Path):
+    pytest.importorskip("trl", reason="needs the 'train' extra")
+    from osmosis_ai.train import engine
+
+    steady = engine.grpo_config(plan(workspace), tmp_path / "a", "cpu", [])
+    assert (steady.lr_scheduler_type, steady.warmup_steps) == ("constant", 0)
+    edit(workspace, "seed = 0", "seed = 0\nlr_warmup_steps = 5")
+    ramped = engine.grpo_config(plan(workspace), tmp_path / "b", "cpu", [])
+    assert (ramped.lr_scheduler_type, ramped.warmup_steps) == ("constant_with_warmup", 5)
+    edit(workspace, "lr_warmup_steps = 5", "lr_warmup_steps = -1")
+    with pytest.raises(ConfigValidationError, match="lr_warmup_steps"):
+        plan(workspace)

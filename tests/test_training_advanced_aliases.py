@@ -58,6 +58,7 @@ def test_settings_under_advanced_configure_the_local_trainer(ws):
         kl_coef = 0.05
         seed = 7
         report_to = ["tensorboard"]
+        lr_warmup_steps = 5
         other = { kept = true }
         [advanced.warmup]
         sft_steps = 12
@@ -76,6 +77,7 @@ def test_settings_under_advanced_configure_the_local_trainer(ws):
         7,
     )
     assert training.report_to == ("tensorboard",)
+    assert training.lr_warmup_steps == 5
     assert (config.warmup.sft_steps, config.warmup.batch_size, config.warmup.lr) == (12, 4, 1e-3)
     assert (config.lora.enabled, config.lora.rank, config.lora.target_modules) == (
         True,
@@ -223,3 +225,4 @@ def test_our_submit_sends_our_own_settings_under_advanced_so_the_platform_takes_
     sections = {k.removesuffix("_config"): v for k, v in body.items() if k != "experiment_config"}
     checked = submit(**sections)  # the platform's own check accepts what our CLI sends
     assert checked.sections["advanced"]["loss_type"] == "dapo"
+

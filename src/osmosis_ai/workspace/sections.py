@@ -129,9 +129,13 @@ class EvaluationSection:
 @dataclass(frozen=True)
 class TrainingSection:
     """``[training]``: optimiser and batch shape; ``loss_type`` picks the policy loss,
-    ``kl_coef`` weights the KL penalty (0 = none), ``report_to`` lists metric sinks."""
+    ``kl_coef`` weights the KL penalty (0 = none), ``report_to`` lists metric sinks;
+    ``lr_warmup_steps`` ramps the learning rate linearly from 0 to ``lr`` over the first
+    GRPO steps (0 = none), so the optimizer's first steps cannot throw a warmed-up policy far
+    (Adam's first update moves every weight by about ``lr``, whatever the gradient)."""
 
     lr: float = setting(1e-6, number(gt=0))
+    lr_warmup_steps: int = setting(0, integer(0))
     total_epochs: int = setting(1, integer(1))
     n_samples_per_prompt: int = setting(8, integer(1))
     rollout_batch_size: int = setting(32, integer(1))
