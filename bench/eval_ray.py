@@ -8,9 +8,12 @@ own ``ray start``), with the bare rollout and the scripted model of ``bench/eval
   starting the actors and their servers);
 * eval throughput: work items per second between the first dispatch and the last result,
   for one server started as today (the baseline, no Ray), then the fleet with 1 and 2
-  rollout servers at the same ``--max-in-flight``.
+  rollout servers at the same ``--max-in-flight``;
+* with ``--cpu-ms N`` each rollout's workflow also computes for N ms of CPU (a CPU-bound
+  agent: one server is bound by its one core), where two servers on two cores should
+  approach twice one (the issue's target: at least 1.6x).
 
-    python bench/eval_ray.py [--rows 400] [--concurrency 32] [--json out.json]
+    python bench/eval_ray.py [--rows 400] [--concurrency 32] [--cpu-ms 0] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=400, help="rows of each throughput run")
     parser.add_argument("--concurrency", type=int, default=32, help="rollouts in flight")
+    parser.add_argument(
+        "--cpu-ms", type=float, default=0.0, help="CPU time each rollout's workflow computes"
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {"loadavg_start": os.getloadavg()}
@@ -52,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
             model_url = f"http://127.0.0.1:{model_port}"
             wait_healthy(model_url, model, "scripted model")
             workspace = make_workspace(root / "ws", args.rows)
+            if args.cpu_ms:  # (the fleet's servers get the config's [env], not ours)
+                config = workspace / "configs" / "eval" / "bare.toml"
+                env = f'\n[env]\nBENCH_WORKFLOW_CPU_MS = "{args.cpu_ms:g}"\n'
+                config.write_text(config.read_text() + env)
+            report["cpu_ms"] = args.cpu_ms
 
             began = time.monotonic()
             cluster.start()

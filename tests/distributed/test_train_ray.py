@@ -10,6 +10,8 @@ import os
 import re
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -77,7 +79,7 @@ def window_means(rewards: list[float]) -> tuple[float, float]:
 # some batches that flattens the policy (entropy 3.2 -> 5.4) until no group of 64 samples
 # scores, and with no signal left the run never recovers, one process or two workers alike.
 # A 5-step learning-rate ramp keeps the first updates small; both runs below use it.
-RAMPED_CONFIG = LEARNING_CONFIG.replace('seed = 0\n', 'seed = 0\nlr_warmup_steps = 5\n')
+RAMPED_CONFIG = LEARNING_CONFIG.replace("seed = 0\n", "seed = 0\nlr_warmup_steps = 5\n")
 
 
 def test_two_trainer_workers_raise_the_reward_as_one_process_does(
@@ -166,3 +168,179 @@ def test_a_killed_trainer_worker_restarts_the_run_from_its_checkpoint(
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert names[-1] == "step-000006"
     assert len(re.findall(r"trainer worker 1 of 2 started", log)) == 2
+
+
+SLOW_CONFIG = (
+    SMOKE_CONFIG.replace('rollout = "copy-digit"', 'rollout = "copy-digit-slow"').replace(
+        "eval_interval = 2", "eval_interval = 0"
+    )
+    + '\n[env]\nCOPY_DIGIT_DELAY_S = "2"\n'
+)
+
+
+def slow_rollout(root: Path) -> None:
+    """The template's rollout, each rollout first waiting ``COPY_DIGIT_DELAY_S`` seconds (so a
+    step's rollouts are surely in flight when a server is killed)."""
+    source = (root / "rollouts" / "copy-digit" / "main.py").read_text()
+    call = "        completion = await post_json("
+    assert call in source and "import os\n" in source
+    slow = source.replace("import os\n", "import asyncio\nimport os\n").replace(
+        call,
+        "        await asyncio.sleep(float(os.environ.get('COPY_DIGIT_DELAY_S', '0')))\n"
+        "        print('slow rollout served', flush=True)\n" + call,
+    )
+    (root / "rollouts" / "copy-digit-slow").mkdir()
+    (root / "rollouts" / "copy-digit-slow" / "main.py").write_text(slow)
+
+
+def test_a_rollout_server_killed_mid_step_loses_and_doubles_no_sample(
+    ray_cluster, tmp_path: Path, model_dir: Path
+):
+    root = workspace(tmp_path, model_dir, "slow", SLOW_CONFIG)
+    slow_rollout(root)
+    run_dir = root / ".osmosis" / "training" / "server-fault"
+    killed: list[int] = []
+
+    def kill_server_one() -> None:
+        time.sleep(1.0)  # step 3's rollouts are waiting out their 2 s
+        found = re.findall(r"rollout server 1 started: \S+ on node \S+ \(pid (\d+)\)", log())
+        killed.append(int(found[-1]))
+        os.kill(killed[-1], signal.SIGKILL)
+
+    def log() -> str:
+        return (run_dir / "logs.txt").read_text()
+
+    def on_event(event: object) -> None:
+        if not killed and isinstance(event, StepEvent) and event.step == 2:
+            threading.Thread(target=kill_server_one, daemon=True).start()
+
+    result = run_training(
+        options(
+            root,
+            "server-fault",
+            config_path=root / "configs/training/slow.toml",
+            ray_address=ray_cluster.address,
+            trainer_workers=2,
+            rollout_servers=2,
+            max_steps=6,
+        ),
+        on_event,
+    )
+    assert killed, "the run never reached step 2"
+    assert result.status == "success" and result.steps_done == 6
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    # every step: its 16 rollouts (4 prompts x 4 samples over both workers), each counted once
+    assert [r["rollouts"] for r in records] == [16] * 6
+    assert all(r["failed_rollouts"] == 0 for r in records), records
+    text = log()
+    assert re.search(r"rollout server 1 \(\S+, node \S+\) died", text), text[-3000:]
+    # a trainer worker saw it die under its rollouts in flight (mid-step), not between steps
+    assert re.search(r"\[worker-\d\] rollout server http\S+ died", text), text[-3000:]
+    assert re.search(r"rollout server 2 replaced: \S+ on node \S+", text), text[-3000:]
+
+
+def test_a_node_that_joins_gets_a_rollout_server_and_one_that_leaves_is_dropped(
+    ray_cluster, tmp_path: Path, model_dir: Path
+):
+    config = SLOW_CONFIG.replace('"2"', '"1"').replace("total_epochs = 4", "total_epochs = 8")
+    root = workspace(tmp_path, model_dir, "slow", config)
+    slow_rollout(root)
+    run_dir = root / ".osmosis" / "training" / "elastic"
+    cluster = ray_cluster.cluster
+    added: list[int] = []
+    left = threading.Event()
+
+    def log() -> str:
+        return (run_dir / "logs.txt").read_text()
+
+    def served_by_new_node() -> list[str]:
+        joined = re.search(
+            rf"rollout server (\d+) joined with its node: \S+ on node {NEW_NODE}", log()
+        )
+        if joined is None:
+            return []
+        return re.findall(rf"\[rollout-server-{joined.group(1)}\] slow rollout served", log())
+
+    def on_event(event: object) -> None:
+        if not isinstance(event, StepEvent):
+            return
+        if event.step == 2 and not added:
+            added.append(-1)
+            threading.Thread(target=lambda: added.append(cluster.add_node(NEW_NODE))).start()
+        # the node leaves once its server has served a step's rollouts
+        if len(added) == 2 and not left.is_set() and served_by_new_node():
+            left.set()
+            threading.Thread(target=cluster.stop_node, args=(added[1],), daemon=True).start()
+
+    try:
+        result = run_training(
+            options(
+                root,
+                "elastic",
+                config_path=root / "configs/training/slow.toml",
+                ray_address=ray_cluster.address,
+                trainer_workers=2,
+                rollout_servers=2,
+                max_steps=14,
+            ),
+            on_event,
+        )
+    finally:
+        if len(added) == 2:
+            cluster.stop_node(added[1])
+    assert len(added) == 2 and left.is_set(), "the node was not added and stopped in time"
+    assert result.status == "success" and result.steps_done == 14
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollouts"] for r in records] == [16] * 14  # none lost, none counted twice
+    assert all(r["failed_rollouts"] == 0 for r in records), records
+    text = log()
+    joined = re.search(rf"rollout server (\d+) joined with its node: \S+ on node {NEW_NODE}", text)
+    assert joined is not None, text[-3000:]
+    server = joined.group(1)
+    served = served_by_new_node()
+    assert served, "the new node's server got no rollout"
+    assert re.search(rf"rollout server {server} \(\S+, node {NEW_NODE}\) died", text)
+    print(f"the joined node's server ran {len(served)} rollouts")
+
+
+NEW_NODE = "127.0.0.4"
+
+
+def test_ctrl_c_on_the_driver_finishes_the_step_saves_and_resumes(
+    ray_cluster, tmp_path: Path, model_dir: Path
+):
+    root = workspace(tmp_path, model_dir, "slow", SLOW_CONFIG.replace('"2"', '"0.5"'))
+    slow_rollout(root)
+    config = root / "configs/training/slow.toml"
+    sent: list[int] = []
+
+    def interrupt(event: object) -> None:
+        if not sent and isinstance(event, StepEvent) and event.step == 2:
+            sent.append(event.step)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, to this (the driver's) process
+
+    common = {
+        "config_path": config,
+        "ray_address": ray_cluster.address,
+        "trainer_workers": 2,
+        "rollout_servers": 2,
+    }
+    stopped = run_training(
+        options(root, "ctrl-c", handle_signals=True, max_steps=10, **common), interrupt
+    )
+    assert sent and stopped.status == "interrupted"
+    last = stopped.steps_done
+    assert 2 < last < 10, last  # the workers finished the step in flight, then stopped
+    run_dir = stopped.run_dir
+    assert (run_dir / "checkpoints" / f"step-{last:06d}" / "config.json").is_file()
+    assert (run_dir / "resume" / f"checkpoint-{last}" / "trainer_state.json").is_file()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert (
+        "stop requested: the trainer workers finish the step, then save"
+        in (run_dir / "logs.txt").read_text()
+    )
+    done = run_training(options(root, "ctrl-c", resume=True, max_steps=last + 2, **common))
+    assert done.status == "success" and done.steps_done == last + 2
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, last + 3))

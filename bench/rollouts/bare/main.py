@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 from typing import Any
 
 import httpx
@@ -32,6 +33,10 @@ MAX_TURNS = 4
 # One shared client by default. BENCH_MODEL_CLIENTS=N spreads model calls round-robin over
 # N clients: a diagnostic for plain httpx, whose pool costs O(connections²) per request.
 MODEL_CLIENTS = max(1, int(os.environ.get("BENCH_MODEL_CLIENTS", "1")))
+# BENCH_WORKFLOW_CPU_MS=N: each rollout also computes for N ms of CPU time in the workflow
+# itself (holding the GIL, as parsing or a local tool would): a CPU-bound agent, which one
+# server process runs on one core at most.
+WORKFLOW_CPU_S = float(os.environ.get("BENCH_WORKFLOW_CPU_MS", "0")) / 1000
 _clients: list[httpx.AsyncClient] = []
 _turn = itertools.count()
 
@@ -47,6 +52,14 @@ def multiply(a: float, b: float) -> float:
     return a * b
 
 
+def compute(seconds: float) -> int:
+    """Busy CPU work for ``seconds`` of this thread's CPU time."""
+    end, total = time.thread_time() + seconds, 0
+    while time.thread_time() < end:
+        total += sum(range(200))
+    return total
+
+
 class BareWorkflow(AgentWorkflow[AgentWorkflowConfig]):
     """Model call, the multiply tool call it asks for, model call again."""
 
@@ -57,6 +70,8 @@ class BareWorkflow(AgentWorkflow[AgentWorkflowConfig]):
         url = rollout.chat_completions_url + "/chat/completions"
         headers = {"Authorization": f"Bearer {rollout.api_key}"} if rollout.api_key else {}
         messages: list[dict[str, Any]] = list(ctx.prompt)
+        if WORKFLOW_CPU_S:
+            compute(WORKFLOW_CPU_S)
         for _ in range(MAX_TURNS):
             response = await client().post(
                 url, json={"model": "osmosis-rollout", "messages": messages}, headers=headers

@@ -185,6 +185,9 @@ class RolloutServerProcess:
     """The address the server binds and is reached on: 127.0.0.1, or a cluster node's own
     address when a fleet runs it on that node."""
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    die_with_parent: bool = False
+    """Have the server killed when this process dies, however it dies (Linux): for servers
+    whose starter may be killed outright, such as a fleet's Ray actors."""
     process: subprocess.Popen[bytes] | None = None
     isolated: bool = False
     _reader: threading.Thread | None = None
@@ -346,6 +349,11 @@ class RolloutServerProcess:
         if self.host != LOOPBACK:
             env[HOST_ENV] = self.host
         self._tail = OutputTail()
+        if self.die_with_parent:
+            from osmosis_ai.controller import parent_guard  # (run as a file: stdlib only)
+
+            guard = [sys.executable, "-I", parent_guard.__file__, str(os.getpid())]
+            command = [*guard, *command]
         self.process = subprocess.Popen(
             command,
             cwd=self.rollout_dir,

@@ -398,6 +398,21 @@ class LocalCluster:
             f"{self.output_tail(index)}"
         )
 
+    def add_node(self, host: str) -> int:
+        """Start one more worker node on ``host`` (a loopback address not yet used) and wait
+        until its runtime started; returns its index (for :meth:`stop_node`)."""
+        if not self._procs:
+            raise UsageError("start the local Ray cluster before adding nodes to it")
+        if host in self.nodes:
+            raise UsageError(f"{host} already runs a node of this cluster: choose another address")
+        if not _bindable(host):
+            raise ClusterError(f"cannot bind {host} on this machine for a Ray node")
+        self.nodes = (*self.nodes, host)
+        self._spawn(host, head=False)
+        index = len(self._procs) - 1
+        self._await_started(index)
+        return index
+
     def output_tail(self, index: int, lines: int = 20) -> str:
         """The last lines node ``index`` printed."""
         try:

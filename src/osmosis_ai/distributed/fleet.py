@@ -24,10 +24,11 @@ from typing import Any
 from osmosis_ai.controller.rollout_process import RolloutServerError, RolloutServerProcess
 from osmosis_ai.distributed.cluster import ClusterError, require_ray
 
-__all__ = ["FleetSpec", "RolloutFleet", "ServerInfo", "ServerState"]
+__all__ = ["FleetDirectory", "FleetSpec", "RolloutFleet", "ServerInfo", "ServerState"]
 
 _POLL_SEC = 0.2
 _OUTPUT_KEEP = 2000  # lines an actor holds between two polls
+_PLACE_WAIT_SEC = 60.0  # for a node's resources, on top of the server's own start-up
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class _ServerHost:
             on_output=self._collect,
             health_timeout_sec=spec.health_timeout_sec,
             host=ip,
+            die_with_parent=True,  # an actor killed with -9, or its node gone, takes it along
         )
         self.process = process
         if process.command() and process.isolated:
@@ -166,24 +168,52 @@ class RolloutFleet:
     def start(self) -> list[ServerInfo]:
         """Start every server (in parallel) and wait until each is healthy."""
         ray = require_ray("a rollout server fleet")
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        host = ray.remote(_ServerHost)
-        for index, node in enumerate(self.place()):
-            strategy = NodeAffinitySchedulingStrategy(node, soft=True)
-            actor = host.options(
-                num_cpus=self.cpus_per_server, scheduling_strategy=strategy, max_restarts=0
-            ).remote(self.spec, index)
-            self._actors.append(actor)
+        for node in self.place():
+            self._actors.append(self._actor(node, len(self._actors), soft=True))
         try:
             self.infos = list(ray.get([actor.start.remote() for actor in self._actors]))
         except Exception as exc:
             self.stop()
-            cause = getattr(exc, "cause", None) or exc
-            if isinstance(cause, RolloutServerError):
-                raise cause from exc
-            raise ClusterError(f"the rollout server fleet did not start: {cause}") from exc
+            raise _start_error(exc) from exc
         return self.infos
+
+    def add(self, node_id: str) -> ServerInfo:
+        """Start one more server on node ``node_id`` (a node that joined, or a replacement
+        for a server that died) and wait until it is healthy; its index is the next one."""
+        ray = require_ray("a rollout server fleet")
+        actor = self._actor(node_id, len(self._actors), soft=False)
+        self._actors.append(actor)
+        wait = self.spec.health_timeout_sec + _PLACE_WAIT_SEC
+        try:
+            info: ServerInfo = ray.get(actor.start.remote(), timeout=wait)
+        except Exception as exc:
+            self._actors.pop()
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+            if isinstance(exc, ray.exceptions.GetTimeoutError):
+                raise ClusterError(
+                    f"a rollout server on node {node_id[:12]} was not up within {wait:.0f}s "
+                    f"(the node has no {self.cpus_per_server:g} CPU free, or the server is slow "
+                    "to start)"
+                ) from exc
+            raise _start_error(exc) from exc
+        self.infos.append(info)
+        return info
+
+    def live(self) -> list[ServerInfo]:
+        """The started servers not known to have died."""
+        return [info for info in self.infos if info.index not in self.dead]
+
+    def _actor(self, node_id: str, index: int, *, soft: bool) -> Any:
+        ray = require_ray("a rollout server fleet")
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        strategy = NodeAffinitySchedulingStrategy(node_id, soft=soft)
+        return (
+            ray.remote(_ServerHost)
+            .options(num_cpus=self.cpus_per_server, scheduling_strategy=strategy, max_restarts=0)
+            .remote(self.spec, index)
+        )
 
     def stop(self, grace_sec: float = 5.0) -> None:
         """Stop every server, then end the actors."""
@@ -210,6 +240,12 @@ class RolloutFleet:
             return ServerState(False, f"its Ray actor is gone ({type(exc).__name__}: {exc})")
         return state
 
+    def _release(self, index: int) -> None:
+        """End a dead server's actor, giving its CPUs back to the node (for a replacement)."""
+        ray = require_ray("a rollout server fleet")
+        with contextlib.suppress(Exception):
+            ray.kill(self._actors[index])
+
     async def watch(
         self,
         on_dead: Callable[[ServerInfo, str], None],
@@ -218,7 +254,7 @@ class RolloutFleet:
     ) -> None:
         """Poll every live server until cancelled; ``on_dead`` hears of each that died once."""
         while True:
-            live = [i for i in range(len(self._actors)) if i not in self.dead]
+            live = [i for i in range(len(self.infos)) if i not in self.dead]
             states = await asyncio.gather(*(self.poll(i) for i in live))
             for index, state in zip(live, states, strict=True):
                 info = self.infos[index]
@@ -227,5 +263,39 @@ class RolloutFleet:
                         on_output(info, line)
                 if not state.alive:
                     self.dead[index] = state.exit_detail
+                    self._release(index)
                     on_dead(info, state.exit_detail)
             await asyncio.sleep(interval_sec)
+
+
+def _start_error(exc: Exception) -> Exception:
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(cause, RolloutServerError):
+        return cause
+    return ClusterError(f"the rollout server fleet did not start: {cause}")
+
+
+class FleetDirectory:
+    """The actor body that tells trainer workers which servers to use: the driver publishes
+    the live servers' URLs after every change, each worker reads them before each step. It
+    also carries the driver's stop request (a Ctrl-C) to the workers."""
+
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+        self.version = 0
+        self.stopping = False
+
+    def request_stop(self) -> None:
+        self.stopping = True
+
+    def stop_requested(self) -> bool:
+        return self.stopping
+
+    def publish(self, urls: list[str]) -> int:
+        if urls != self.urls:
+            self.urls = list(urls)
+            self.version += 1
+        return self.version
+
+    def current(self) -> tuple[int, list[str]]:
+        return self.version, list(self.urls)

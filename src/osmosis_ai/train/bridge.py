@@ -106,7 +106,12 @@ class RolloutBridge:
     controller service, 127.0.0.1 only); :meth:`run` dispatches rollouts through them from
     the trainer's thread. ``on_spawn(pid, port, instance_id)`` hears of the rollout server
     as soon as it exists and again once healthy (to reap it after a kill -9);
-    ``on_output(line)`` gets its output and the I/O process's."""
+    ``on_output(line)`` gets its output and the I/O process's.
+
+    ``servers`` (URLs): balance over rollout servers already running elsewhere (a fleet on a
+    cluster) instead of starting one, with the controller service on ``host``, an address
+    they can reach; :meth:`follow` changes the list; ``on_fleet(event, url, detail)`` hears
+    of each server that joined, left, died or could not be reached."""
 
     def __init__(
         self,
@@ -119,10 +124,15 @@ class RolloutBridge:
         port: int | None = None,
         on_output: Callable[[str], None] | None = None,
         on_spawn: Callable[[int, int | None, str], None] | None = None,
+        servers: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        on_fleet: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.upstream = upstream
         self.on_output = on_output
         self.on_spawn = on_spawn
+        self.on_fleet = on_fleet
+        self.servers = tuple(servers)
         self._spec = StartSpec(
             rollout_dir=Path(rollout_dir).resolve(),
             entrypoint=Path(entrypoint).resolve(),
@@ -134,6 +144,8 @@ class RolloutBridge:
             temperature=upstream.temperature,
             top_p=upstream.top_p,
             max_tokens=upstream.max_tokens,
+            servers=self.servers,
+            host=host,
         )
         self.port: int | None = None
         self.server_pid: int | None = None
@@ -197,6 +209,15 @@ class RolloutBridge:
             self.close()
             raise
         return self
+
+    def follow(self, servers: Sequence[str]) -> None:
+        """Balance over ``servers`` from the next rollouts on (a fleet bridge only)."""
+        servers = tuple(servers)
+        if not self.servers or servers == self.servers or self._channel is None:
+            return
+        self.servers = servers
+        with contextlib.suppress(OSError):
+            self._channel.send("servers", list(servers))
 
     def run(self, requests: Sequence[DispatchRequest]) -> list[DispatchOutcome]:
         """Dispatch every request at once; one outcome each, in order."""
@@ -333,6 +354,9 @@ class RolloutBridge:
             self.server_pid, self.port, self._instance = pid, port, instance
             if self.on_spawn is not None:
                 self.on_spawn(pid, port, instance)
+        elif kind == "fleet":
+            if self.on_fleet is not None:
+                self.on_fleet(message[1], message[2], message[3])
         elif kind == "started":
             self._resolve(("started", 0), (message[1], message[2]))
         elif kind == "fatal":

@@ -15,12 +15,14 @@ ours none.
 
 Messages, trainer to I/O process:
     ``("start", StartSpec)``, ``("serve", ServeSpec)``, ``("launch", batch, requests)``,
-    ``("abandon", batch)``, ``("answer", call, answer, error)``, ``("close",)``
+    ``("abandon", batch)``, ``("answer", call, answer, error)``, ``("servers", urls)``,
+    ``("close",)``
 I/O process to trainer:
     ``("spawned", pid, port, instance_id)``, ``("started", generation, port)``,
     ``("chat", call, body, chunks)``, ``("callers", count)``,
     ``("outcome", batch, index, outcome)``, ``("done", batch)``,
-    ``("failed", batch, message)``, ``("abandoned", batch)``, ``("fatal", message, error or None)``
+    ``("failed", batch, message)``, ``("abandoned", batch)``, ``("fatal", message, error or None)``,
+    ``("fleet", event, name, detail)`` (a fleet server ``joined``, ``left`` or ``died``)
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ _READ_BYTES = 1 << 18
 
 @dataclass(frozen=True)
 class StartSpec:
-    """What the I/O process starts: the rollout server and the controller service."""
+    """What the I/O process starts: the rollout server and the controller service.
+
+    ``servers``: rollout servers already running elsewhere (a fleet on a cluster) to balance
+    over instead of starting one; ``host``: the address the controller service binds and
+    hands to them (an address they can reach)."""
 
     rollout_dir: Path
     entrypoint: Path
@@ -54,6 +60,8 @@ class StartSpec:
     temperature: float
     top_p: float
     max_tokens: int
+    servers: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ manifest, does the short supervised warm-up in one process exactly as on one mac
 places ``N`` trainer workers with Ray Train's ``TorchTrainer`` (gloo on CPU, NCCL on GPUs).
 Every worker runs TRL's GRPO on its share of each step's prompts (DDP: the gradients are
 averaged, so a step is the same update as on one machine), sending its rollouts through the
-rollout protocol to a rollout server started beside it (the user's entrypoint, as on one
-machine), against its own copy of the current policy.
+rollout protocol to the run's fleet of rollout servers (:mod:`osmosis_ai.train.ray_fleet`:
+the user's entrypoint, started as on one machine, spread over the nodes), balanced by each
+server's advertised capacity, against its own copy of the current policy.
 Worker 0 writes metrics, checkpoints (Hugging Face format) and the trainer's resumable
 state into the run directory, which every node must see at the same path (one machine, or a
 shared filesystem). Its events reach the driver through a Ray queue, so progress renders as
@@ -38,6 +39,7 @@ from osmosis_ai.train.errors import TrainingError
 from osmosis_ai.train.events import TrainEvent, ValidationEvent
 from osmosis_ai.train.plan import RayPlacement, TrainPlan, check_split
 from osmosis_ai.train.rundir import RunDir
+from osmosis_ai.train.stopping import StopRequest
 
 if TYPE_CHECKING:
     from osmosis_ai.train.events import EvalSummary
@@ -61,6 +63,11 @@ class Session(Protocol):
     def _prepare_model(self, device: str) -> None: ...
 
     def warn(self, code: str, message: str) -> None: ...
+
+    def server_env(self) -> dict[str, str]: ...
+
+    @property
+    def stop(self) -> StopRequest: ...
 
 
 _FEATURE = "osmosis train run --ray"
@@ -86,6 +93,7 @@ class WorkerSpec:
     worker: Any  # the class each worker runs (``runner.WorkerRun``)
     id: str  # this invocation's (a restarted worker group counts its starts by it)
     vllm_url: str | None = None
+    directory: Any = None  # the fleet's directory actor (``FleetDirectory``)
 
 
 def alive_nodes() -> list[dict[str, Any]]:
@@ -134,23 +142,24 @@ def _place(run: Session, worker: type[Any], placement: RayPlacement) -> str:
     completions = plan.batch * plan.group
     workers = resolve_workers(placement, completions)
     gpu = cluster_has_gpus() and (plan.options.device or "cuda").startswith("cuda")
+    servers = placement.rollout_servers or len(alive_nodes())
     run.stage(
         f"Ray cluster: {len(alive_nodes())} nodes; {workers} trainer workers "
-        f"({'NCCL on GPUs' if gpu else 'gloo on CPU'}), each with a rollout server beside it"
+        f"({'NCCL on GPUs' if gpu else 'gloo on CPU'}) over {servers} rollout servers"
     )
-    if placement.rollout_servers and placement.rollout_servers != workers:
-        run.warn(
-            "ROLLOUT_SERVERS_IGNORED",
-            f"rollout_servers = {placement.rollout_servers}: training starts one rollout "
-            f"server per trainer worker ({workers}); the count applies to osmosis eval run",
-        )
-    vllm = start_vllm(run) if gpu else None
+    from osmosis_ai.train.ray_fleet import TrainingFleet
+
+    fleet = TrainingFleet(run, servers)
+    vllm = None
     try:
-        return _fit(run, worker, workers, gpu, vllm=vllm)
+        fleet.start()
+        vllm = start_vllm(run) if gpu else None
+        return _fit(run, worker, workers, gpu, vllm=vllm, fleet=fleet)
     finally:
         if vllm is not None:
             with contextlib.suppress(Exception):
                 vllm.close()
+        fleet.close()
 
 
 def _warm_up_here(run: Session) -> None:
@@ -166,7 +175,7 @@ def _warm_up_here(run: Session) -> None:
     run.model = run.tokenizer = None
 
 
-def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any) -> str:
+def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any, fleet: Any) -> str:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -182,6 +191,7 @@ def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any)
         worker=worker,
         id=uuid.uuid4().hex,
         vllm_url=vllm.url if vllm is not None else None,
+        directory=fleet.directory,
     )
     trainer = TorchTrainer(
         train_loop,
@@ -203,7 +213,7 @@ def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any)
     pump = _Pump(run, events)
     pump.start()
     try:
-        result = trainer.fit()
+        result = _fit_aside(trainer)
     finally:
         pump.stop()
         with contextlib.suppress(Exception):
@@ -218,6 +228,28 @@ def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any)
     if pump.finished is None:
         raise TrainingError("the trainer workers ended without reporting how the run ended")
     return pump.finished.status
+
+
+def _fit_aside(trainer: Any) -> Any:
+    """``trainer.fit()`` in a thread of its own while this (main) thread waits: called from
+    the main thread, Ray Train puts in its own SIGINT handler, which aborts the workers at
+    once; here the run's own stays, so a first Ctrl-C finishes the step and saves (the
+    stop reaches the workers through the fleet's directory) and a second one quits."""
+    outcome: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, name="osmosis-ray-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(_POLL_SEC)  # (a timeout: the main thread keeps taking signals)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def _worker_resources(gpu: bool) -> dict[str, float]:

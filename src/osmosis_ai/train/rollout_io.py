@@ -1,5 +1,8 @@
 """The rollout I/O process of a training run: the rollout server child, the controller
 service (policy proxy + callback listener) and the dispatcher, on an event loop of their own.
+On a Ray cluster it starts no server: it balances over the fleet's servers by their
+advertised capacity, follows the fleet as servers join or die, and runs a rollout whose
+server died under a fresh id on another one (its lost attempt committed nothing).
 
 The trainer's interpreter keeps only what needs its model: each model call the proxy gets
 is handed over the channel (:mod:`osmosis_ai.train.channel`) as its request body, and the
@@ -26,6 +29,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from osmosis_ai.controller.asgi import refused
+from osmosis_ai.controller.balance import BalancedDispatcher, ServerSlot
 from osmosis_ai.controller.dispatch import Dispatcher, DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.errors import UpstreamRequestError
 from osmosis_ai.controller.loop import new_event_loop
@@ -39,6 +43,7 @@ from osmosis_ai.errors import OsmosisError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 
 _NICENESS = 10
+_LEFT = "it left the fleet"
 
 
 class TrainerPolicy(AnsweringUpstream):
@@ -118,7 +123,9 @@ class RolloutIO:
         self._proxy: PolicyProxy | None = None
         self._service: ControllerService | None = None
         self._server: RolloutServerProcess | None = None
-        self._dispatcher: Dispatcher | None = None
+        self._dispatcher: Dispatcher | BalancedDispatcher | None = None
+        self._fleet: BalancedDispatcher | None = None
+        self._generation: str | None = None
         self._finished: list[str] = []
         self._outbox: list[tuple[Any, ...]] = []
         self._callers: int | None = None
@@ -159,6 +166,8 @@ class RolloutIO:
             self._spawn(self._abandon(message[1]))
         elif kind == "serve":
             self._serve(message[1])
+        elif kind == "servers":
+            self._spawn(self._follow_fleet(message[1]))
         elif kind == "start":
             self._prepare(message[1])  # (at once: a "serve" may follow in the same burst)
             self._spawn(self._start())
@@ -234,7 +243,11 @@ class RolloutIO:
     def _prepare(self, spec: StartSpec) -> None:
         self._spec = spec
         self._proxy = PolicyProxy(_NotServing(), token=spec.proxy_token, request_token_data=True)
-        self._service = ControllerService(self._proxy, controller_token=spec.controller_token)
+        self._service = ControllerService(
+            self._proxy, controller_token=spec.controller_token, host=spec.host
+        )
+        if spec.servers:
+            return
         self._server = RolloutServerProcess(
             rollout_dir=spec.rollout_dir,
             entrypoint=spec.entrypoint,
@@ -245,6 +258,9 @@ class RolloutIO:
         )
 
     async def _start(self) -> None:
+        if self._spec is not None and self._spec.servers:
+            await self._start_fleet(self._spec.servers)
+            return
         service, server = self._service, self._server
         assert service is not None and server is not None
         try:
@@ -274,6 +290,61 @@ class RolloutIO:
         gc.freeze()
         self._send("started", self._dispatcher.generation, server.port)
 
+    async def _start_fleet(self, urls: Sequence[str]) -> None:
+        service = self._service
+        assert service is not None
+        try:
+            await service.start()
+            first = Dispatcher(urls[0], service)
+            self._generation = await first.detect_generation()
+            slot = await self._slot(urls[0], first)
+            self._fleet = BalancedDispatcher([slot], on_dead=self._slot_died)
+            self._send("fleet", "joined", slot.name, f"capacity {slot.capacity}")
+            self._dispatcher = self._fleet
+            await self._follow_fleet(urls)
+        except Exception as exc:
+            self._send("fatal", _describe(exc), exc if isinstance(exc, OsmosisError) else None)
+            return
+        gc.collect()
+        gc.freeze()
+        self._send("started", self._generation, None)
+
+    async def _slot(self, url: str, dispatcher: Dispatcher | None = None) -> ServerSlot:
+        from osmosis_ai.eval.scheduler import server_capacity
+
+        assert self._service is not None
+        if dispatcher is None:
+            generation: Any = self._generation or "auto"
+            dispatcher = Dispatcher(url, self._service, generation=generation)
+        capacity = server_capacity(await dispatcher.health()) or 1
+        return ServerSlot(url, dispatcher, capacity)
+
+    async def _follow_fleet(self, urls: Sequence[str]) -> None:
+        """Balance over exactly ``urls`` from now on: new servers join (once they answer
+        ``/health``), servers no longer listed leave (their rollouts run again elsewhere)."""
+        fleet = self._fleet
+        if fleet is None:
+            return
+        known = {slot.name for slot in fleet.slots}
+        for url in urls:
+            if url in known:
+                continue
+            try:
+                slot = await self._slot(url)
+            except Exception as exc:  # not reachable from here (yet): the next list retries
+                self._send("fleet", "unreachable", url, _describe(exc))
+                continue
+            fleet.slots.append(slot)
+            known.add(url)
+            self._send("fleet", "joined", url, f"capacity {slot.capacity}")
+        for slot in fleet.live():
+            if slot.name not in urls:
+                fleet.mark_dead(slot.name, _LEFT)
+
+    def _slot_died(self, slot: ServerSlot) -> None:
+        event = "left" if slot.death == _LEFT else "died"
+        self._send("fleet", event, slot.name, slot.death)
+
     async def _run_batch(self, batch: int, requests: Sequence[DispatchRequest]) -> None:
         """Each outcome goes to the trainer as soon as it is known (it unpickles them while
         the rest finish), then ``done``."""
@@ -301,9 +372,9 @@ class RolloutIO:
         self, batch: int, requests: Sequence[DispatchRequest]
     ) -> list[DispatchOutcome]:
         server, dispatcher = self._server, self._dispatcher
-        if server is None or dispatcher is None:
+        if dispatcher is None:
             raise RuntimeError("the rollout I/O process is not started")
-        if not server.alive():
+        if server is not None and not server.alive():
             code = server.process.returncode if server.process else None
             raise RuntimeError(
                 f"the rollout server exited (code {code}); its last output:\n{server.output_tail()}"
@@ -315,6 +386,9 @@ class RolloutIO:
             nonlocal in_flight
             try:
                 outcome = await dispatcher.run(request)
+                # its server died before a result was committed: again, elsewhere, new id
+                while outcome.lost_in_transit and self._fleet is not None and self._fleet.live():
+                    outcome = await dispatcher.run(request)
             finally:
                 in_flight -= 1
                 self._set_callers(in_flight)
@@ -337,9 +411,9 @@ class RolloutIO:
         self._send("abandoned", batch)
 
     def _prune(self, rollout_ids: Sequence[str]) -> None:
-        if self._server is None:
+        if self._spec is None:
             return
-        root = self._server.artifact_root
+        root = self._spec.artifact_root
         for rollout_id in rollout_ids:
             for folder in (root / rollout_id / "artifacts", root / rollout_id):
                 with contextlib.suppress(OSError):
@@ -358,9 +432,15 @@ class RolloutIO:
         for future in self._calls.values():
             if not future.done():
                 future.set_result((None, CallError(503, "the run is stopping", "server_error")))
-        if self._dispatcher is not None:
-            with contextlib.suppress(Exception):
-                await self._dispatcher.aclose()
+        dispatchers: list[Any] = (
+            [self._dispatcher]
+            if self._fleet is None
+            else [slot.dispatcher for slot in self._fleet.slots]
+        )
+        for dispatcher in dispatchers:
+            if dispatcher is not None:
+                with contextlib.suppress(Exception):
+                    await dispatcher.aclose()
         if self._server is not None:
             await asyncio.to_thread(self._server.stop)
         if self._served is not None:

@@ -209,9 +209,12 @@ class _Run:
         try:
             self._prepare_model(device)
             starting.wait()
-            self.stage(
-                f"rollout server healthy on port {bridge.port} ({bridge.generation} protocol)"
+            where = (
+                f"{len(bridge.servers)} rollout servers reachable"
+                if bridge.servers
+                else f"rollout server healthy on port {bridge.port}"
             )
+            self.stage(f"{where} ({bridge.generation} protocol)")
             if self.stop.requested:
                 return "interrupted"
             return self._reinforce(bridge, upstream, device, report_to)
@@ -236,6 +239,10 @@ class _Run:
             on_output=self._server_output,
             on_spawn=rundir.record_server,
         )
+
+    def more_callbacks(self) -> list[Any]:
+        """Trainer callbacks beside the run's own (a trainer worker's)."""
+        return []
 
     def server_env(self) -> dict[str, str]:
         """The environment the rollout server gets on top of its own."""
@@ -334,7 +341,12 @@ class _Run:
             plan, self.rundir.resume_dir, device, report_to, world=self.world, sharded=self.sharded
         )
         self.trainer = engine.build_trainer(
-            self.model, tokenizer, plan, args, rollout_func=self.collector, callbacks=[callback]
+            self.model,
+            tokenizer,
+            plan,
+            args,
+            rollout_func=self.collector,
+            callbacks=[callback, *self.more_callbacks()],
         )
         if vllm_url is None and engine.served_model(self.trainer) is not self.model:
             serve(engine.served_model(self.trainer))
@@ -453,8 +465,6 @@ class WorkerRun(_Run):
     the workers. Worker 0 leads: it validates, writes metrics and checkpoints, and relays the
     run's events to the driver; each step's rollout counts are summed over the workers."""
 
-    dispatch_ahead = False  # (which prompts a worker gets next is the sampler's to say)
-
     def __init__(self, plan: TrainPlan, rundir: RunDir, spec: Any, rank: int, world: int) -> None:
         sink: EventSink = self._relay
         super().__init__(plan, rundir, sink)
@@ -463,6 +473,7 @@ class WorkerRun(_Run):
         self.world = world
         self.leads = rank == 0
         self.attempt = 1
+        self.bridge: RolloutBridge | None = None
 
     def _relay(self, event: TrainEvent) -> None:
         if self.leads:
@@ -534,21 +545,74 @@ class WorkerRun(_Run):
         self.emit(WarningEvent(code, self.journal.redact(message)))
 
     def _bridge(self, upstream: TrainingUpstream) -> RolloutBridge:
+        import ray
+
         config = self.plan.config
         assert config.rollout_dir is not None and config.entrypoint_path is not None
-        self.stage(f"starting rollout server ({config.entrypoint_path.name}) beside worker")
-        return RolloutBridge(
+        _version, servers = ray.get(self.spec.directory.current.remote())
+        host = str(ray.util.get_node_ip_address())
+        self.stage(f"controller on {host}, balancing over {len(servers)} rollout servers")
+        self.bridge = RolloutBridge(
             rollout_dir=config.rollout_dir,
             entrypoint=config.entrypoint_path,
             artifact_root=self.rundir.rollouts,
             upstream=upstream,
             env=self.server_env(),
             on_output=self._server_output,
+            servers=servers,
+            host=host,
+            on_fleet=self._fleet_event,
         )
+        return self.bridge
+
+    def after_step(self, step: int) -> bool:
+        """The step's end as on one machine, then whether to stop: the driver's stop
+        request, agreed by every worker (so all stop after the same step, as DDP needs)."""
+        import ray
+        import torch
+        import torch.distributed as dist
+
+        super().after_step(step)
+        asked = bool(ray.get(self.spec.directory.stop_requested.remote(), timeout=60))
+        flag = torch.tensor([1.0 if asked else 0.0])
+        if dist.is_initialized() and self.world > 1:
+            flag = flag.to("cuda" if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            self.stop.request()
+        return self.stop.requested
+
+    def _next_rows(self, step: int) -> list[int] | None:
+        """This worker's share of ``step``'s prompts: the data loader gives worker ``r`` the
+        ``r``-th equal slice of the step's prompts in TRL's order (a wrong guess costs only
+        the rollouts dispatched ahead: the collector cancels them and stops guessing)."""
+        rows = super()._next_rows(step)
+        if rows is None:
+            return None
+        share = len(rows) // self.world
+        return rows[self.rank * share : (self.rank + 1) * share]
+
+    def more_callbacks(self) -> list[Any]:
+        from osmosis_ai.train.callbacks import StepBeginCallback
+
+        return [StepBeginCallback(self._follow_fleet)]
+
+    def _follow_fleet(self) -> None:
+        """Before each step: the fleet's servers as the driver last published them."""
+        import ray
+
+        if self.bridge is not None:
+            _version, servers = ray.get(self.spec.directory.current.remote(), timeout=30)
+            self.bridge.follow(servers)
+
+    def _fleet_event(self, event: str, url: str, detail: str) -> None:
+        message = f"rollout server {url} {event}: {detail}"
+        if event in ("died", "unreachable"):
+            self.journal.warning(f"worker-{self.rank}", message)
+        else:
+            self.journal.info(f"worker-{self.rank}", message)
 
     def record_step(self, step: int, logs: dict[str, Any]) -> None:
-        import ray.train
-
         from osmosis_ai.train.on_ray import summed
 
         accelerator = self.trainer.accelerator
@@ -561,6 +625,6 @@ class WorkerRun(_Run):
         if collector is not None and collector.last is not None and self.world > 1:
             collector.last = summed(collector.last)
         if self.leads:
+            # (not ray.train.report: it waits for Ray Train's controller, up to 2 s a step;
+            # the run dir holds the metrics and the resumable state)
             super().record_step(step, logs)
-        reward = logs.get("reward")
-        ray.train.report({"step": step, "training_reward": reward})

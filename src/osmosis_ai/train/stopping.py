@@ -30,6 +30,10 @@ class StopRequest:
     def requested(self) -> bool:
         return self._requested or (self.external is not None and self.external.is_set())
 
+    def request(self) -> None:
+        """Ask for the stop from code (as the first signal would, without its callback)."""
+        self._requested = True
+
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,174 @@
+"""``osmosis train run --ray`` benchmark: step time on Ray against the embedded path.
+
+The same run (copy-digit template, tiny model warmed up once and shared, same seed, data
+order, batch of 8 prompts x 8 samples) three ways:
+
+* ``embedded``: ``osmosis train run`` in one process (the baseline);
+* ``ray-1x1``: ``--ray`` on a local two-node cluster with 1 trainer worker and 1 rollout
+  server (the issue's target: at most 1.3x the embedded step time);
+* ``ray-2x2``: 2 trainer workers (gloo DDP) over 2 rollout servers, for the record (on two
+  cores the two workers share the cores the one worker had).
+
+Step time is the median wall time between consecutive steps' metrics records (everything a
+step costs: rollouts, update, the step's bookkeeping); the first steps are left out (Ray's
+workers and TRL warm up there). Ray's own start-up is reported apart: the cluster (head and
+worker until both are live) and each ``--ray`` run's time from its start to its first step.
+
+    python bench/train_ray.py [--steps 30] [--repeat 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+SKIP = 3  # first steps left out of the median
+
+CONFIG = """
+[experiment]
+rollout = "copy-digit"
+entrypoint = "main.py"
+model_path = "local:models/tiny"
+dataset = "copy-digit"
+
+[training]
+lr = 3e-4
+total_epochs = 160
+n_samples_per_prompt = 8
+rollout_batch_size = 8
+max_prompt_length = 64
+max_response_length = 4
+agent_workflow_timeout_s = 60
+grader_timeout_s = 30
+seed = 0
+
+[checkpoints]
+eval_interval = 0
+checkpoint_save_freq = 0
+
+[warmup]
+sft_steps = 60
+lr = 1e-3
+batch_size = 8
+"""
+
+
+def prepare(root: Path) -> Path:
+    """A copy-digit workspace with the tiny model, warmed up once for every variant."""
+    from osmosis_ai.train.demo import setup_workspace
+    from osmosis_ai.train.tiny_model import build_tiny_model
+
+    setup_workspace(root)
+    build_tiny_model(root / "models" / "tiny")
+    (root / "configs" / "training" / "bench.toml").write_text(CONFIG)
+    return root
+
+
+def run(root: Path, name: str, steps: int, **ray: Any) -> dict[str, Any]:
+    from osmosis_ai.train.plan import TrainRunOptions
+    from osmosis_ai.train.runner import run_training
+
+    options = TrainRunOptions(
+        config_path=root / "configs" / "training" / "bench.toml",
+        cwd=root,
+        name=name,
+        max_steps=steps,
+        eval_rows=0,
+        torch_threads=1,
+        handle_signals=False,
+        resume_every=steps,
+        **ray,
+    )
+    began = time.monotonic()
+    result = run_training(options)
+    wall = time.monotonic() - began
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    times = [datetime.fromisoformat(r["time"]).timestamp() for r in records]
+    gaps = [b - a for a, b in itertools.pairwise(times)][SKIP:]
+    first = times[0] - (time.time() - wall)  # from the call's start to the first step
+    return {
+        "status": result.status,
+        "steps": result.steps_done,
+        "wall_s": round(wall, 2),
+        "start_to_first_step_s": round(first, 2),
+        "step_s_median": round(statistics.median(gaps), 4),
+        "rollouts_per_step": records[-1].get("rollouts"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps of each run")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the three runs")
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    args = parser.parse_args(argv)
+    from osmosis_ai.distributed.cluster import LocalCluster, connect
+
+    report: dict[str, Any] = {"loadavg_start": os.getloadavg(), "rounds": []}
+    with tempfile.TemporaryDirectory(prefix="osmosis-bench-train-ray-") as tmp:
+        root = prepare(Path(tmp) / "ws")  # (each run warms up alike: same seed and rows)
+        cluster = LocalCluster()
+        began = time.monotonic()
+        cluster.start()
+        try:
+            with connect(cluster.address, auth_token=cluster.auth_token) as connection:
+                connection.wait_for_nodes(len(cluster.nodes))
+                report["cluster_start_s"] = round(time.monotonic() - began, 2)
+                for round_ in range(args.repeat):
+                    figures = {
+                        "embedded": run(root, f"embedded-{round_}", args.steps),
+                        "ray-1x1": run(
+                            root,
+                            f"ray1-{round_}",
+                            args.steps,
+                            ray_address=cluster.address,
+                            trainer_workers=1,
+                            rollout_servers=1,
+                        ),
+                        "ray-2x2": run(
+                            root,
+                            f"ray2-{round_}",
+                            args.steps,
+                            ray_address=cluster.address,
+                            trainer_workers=2,
+                            rollout_servers=2,
+                        ),
+                    }
+                    base = figures["embedded"]["step_s_median"]
+                    for name in ("ray-1x1", "ray-2x2"):
+                        figures[name]["step_ratio_vs_embedded"] = round(
+                            figures[name]["step_s_median"] / base, 3
+                        )
+                    report["rounds"].append(figures)
+                    for name, f in figures.items():
+                        ratio = f.get("step_ratio_vs_embedded")
+                        shown = f"  x{ratio}" if ratio is not None else ""
+                        print(
+                            f"round {round_} {name:9s} step {f['step_s_median']:.3f}s{shown}  "
+                            f"start->first step {f['start_to_first_step_s']}s  "
+                            f"wall {f['wall_s']}s  rollouts/step {f['rollouts_per_step']}"
+                        )
+        finally:
+            cluster.stop()
+    ratios = [r["ray-1x1"]["step_ratio_vs_embedded"] for r in report["rounds"]]
+    report["ray_1x1_ratio_median"] = statistics.median(ratios)
+    report["loadavg_end"] = os.getloadavg()
+    print(
+        f"Ray start-up: cluster {report['cluster_start_s']}s; "
+        f"ray-1x1 / embedded step time: {report['ray_1x1_ratio_median']:.3f} (target <= 1.3)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
