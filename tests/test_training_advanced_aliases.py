@@ -225,4 +225,3 @@ def test_our_submit_sends_our_own_settings_under_advanced_so_the_platform_takes_
     sections = {k.removesuffix("_config"): v for k, v in body.items() if k != "experiment_config"}
     checked = submit(**sections)  # the platform's own check accepts what our CLI sends
     assert checked.sections["advanced"]["loss_type"] == "dapo"
-
