@@ -178,6 +178,23 @@ SLOW_CONFIG = (
 )
 
 
+def on_fleet(address: str, root: Path, name: str, **extra: object) -> TrainRunOptions:
+    """``slow.toml`` on the cluster at ``address``: 2 trainer workers over 2 rollout servers."""
+    return options(
+        root,
+        name,
+        config_path=root / "configs/training/slow.toml",
+        ray_address=address,
+        trainer_workers=2,
+        rollout_servers=2,
+        **extra,
+    )
+
+
+def metrics(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def slow_rollout(root: Path) -> None:
     """The template's rollout, each rollout first waiting ``COPY_DIGIT_DELAY_S`` seconds (so a
     step's rollouts are surely in flight when a server is killed)."""
@@ -215,20 +232,11 @@ def test_a_rollout_server_killed_mid_step_loses_and_doubles_no_sample(
             threading.Thread(target=kill_server_one, daemon=True).start()
 
     result = run_training(
-        options(
-            root,
-            "server-fault",
-            config_path=root / "configs/training/slow.toml",
-            ray_address=ray_cluster.address,
-            trainer_workers=2,
-            rollout_servers=2,
-            max_steps=6,
-        ),
-        on_event,
+        on_fleet(ray_cluster.address, root, "server-fault", max_steps=6), on_event
     )
     assert killed, "the run never reached step 2"
     assert result.status == "success" and result.steps_done == 6
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     # every step: its 16 rollouts (4 prompts x 4 samples over both workers), each counted once
     assert [r["rollouts"] for r in records] == [16] * 6
@@ -275,23 +283,14 @@ def test_a_node_that_joins_gets_a_rollout_server_and_one_that_leaves_is_dropped(
 
     try:
         result = run_training(
-            options(
-                root,
-                "elastic",
-                config_path=root / "configs/training/slow.toml",
-                ray_address=ray_cluster.address,
-                trainer_workers=2,
-                rollout_servers=2,
-                max_steps=14,
-            ),
-            on_event,
+            on_fleet(ray_cluster.address, root, "elastic", max_steps=14), on_event
         )
     finally:
         if len(added) == 2:
             cluster.stop_node(added[1])
     assert len(added) == 2 and left.is_set(), "the node was not added and stopped in time"
     assert result.status == "success" and result.steps_done == 14
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run_dir)
     assert [r["rollouts"] for r in records] == [16] * 14  # none lost, none counted twice
     assert all(r["failed_rollouts"] == 0 for r in records), records
     text = log()
@@ -312,7 +311,6 @@ def test_ctrl_c_on_the_driver_finishes_the_step_saves_and_resumes(
 ):
     root = workspace(tmp_path, model_dir, "slow", SLOW_CONFIG.replace('"2"', '"0.5"'))
     slow_rollout(root)
-    config = root / "configs/training/slow.toml"
     sent: list[int] = []
 
     def interrupt(event: object) -> None:
@@ -320,14 +318,8 @@ def test_ctrl_c_on_the_driver_finishes_the_step_saves_and_resumes(
             sent.append(event.step)
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, to this (the driver's) process
 
-    common = {
-        "config_path": config,
-        "ray_address": ray_cluster.address,
-        "trainer_workers": 2,
-        "rollout_servers": 2,
-    }
     stopped = run_training(
-        options(root, "ctrl-c", handle_signals=True, max_steps=10, **common), interrupt
+        on_fleet(ray_cluster.address, root, "ctrl-c", handle_signals=True, max_steps=10), interrupt
     )
     assert sent and stopped.status == "interrupted"
     last = stopped.steps_done
@@ -340,7 +332,8 @@ def test_ctrl_c_on_the_driver_finishes_the_step_saves_and_resumes(
         "stop requested: the trainer workers finish the step, then save"
         in (run_dir / "logs.txt").read_text()
     )
-    done = run_training(options(root, "ctrl-c", resume=True, max_steps=last + 2, **common))
+    done = run_training(
+        on_fleet(ray_cluster.address, root, "ctrl-c", resume=True, max_steps=last + 2)
+    )
     assert done.status == "success" and done.steps_done == last + 2
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(1, last + 3))
+    assert [r["step"] for r in metrics(run_dir)] == list(range(1, last + 3))

@@ -144,8 +144,8 @@ def _place(run: Session, worker: type[Any], placement: RayPlacement) -> str:
     gpu = cluster_has_gpus() and (plan.options.device or "cuda").startswith("cuda")
     servers = placement.rollout_servers or len(alive_nodes())
     run.stage(
-        f"Ray cluster: {len(alive_nodes())} nodes; {workers} trainer workers "
-        f"({'NCCL on GPUs' if gpu else 'gloo on CPU'}) over {servers} rollout servers"
+        f"Ray cluster: {len(alive_nodes())} node(s); {workers} trainer worker(s) "
+        f"({'NCCL on GPUs' if gpu else 'gloo on CPU'}) over {servers} rollout server(s)"
     )
     from osmosis_ai.train.ray_fleet import TrainingFleet
 

@@ -67,7 +67,7 @@ class TrainingFleet:
         from osmosis_ai.train.on_ray import alive_nodes
 
         self._nodes_at_start = {str(node["NodeID"]) for node in alive_nodes()}
-        self.run.stage(f"starting {self.wanted} rollout servers across the cluster")
+        self.run.stage(f"starting {self.wanted} rollout server(s) across the cluster")
         for info in self.fleet.start():
             self._announce(info, "started")
         self.directory = ray.remote(FleetDirectory).options(num_cpus=0).remote()

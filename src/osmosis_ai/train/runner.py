@@ -210,7 +210,7 @@ class _Run:
             self._prepare_model(device)
             starting.wait()
             where = (
-                f"{len(bridge.servers)} rollout servers reachable"
+                f"rollout servers reachable: {len(bridge.servers)}"
                 if bridge.servers
                 else f"rollout server healthy on port {bridge.port}"
             )
@@ -551,7 +551,7 @@ class WorkerRun(_Run):
         assert config.rollout_dir is not None and config.entrypoint_path is not None
         _version, servers = ray.get(self.spec.directory.current.remote())
         host = str(ray.util.get_node_ip_address())
-        self.stage(f"controller on {host}, balancing over {len(servers)} rollout servers")
+        self.stage(f"controller on {host}, balancing over rollout servers: {len(servers)}")
         self.bridge = RolloutBridge(
             rollout_dir=config.rollout_dir,
             entrypoint=config.entrypoint_path,
