@@ -9,6 +9,7 @@ import socket
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -296,3 +297,57 @@ def test_a_dead_io_process_fails_the_wait_with_what_it_said(tmp_path: Path):
         bridge.close()
     # the server it could not stop is stopped by the trainer (it is still ours: /health says so)
     assert stopped(server)
+
+
+def test_a_fleet_bridge_balances_follows_and_reruns_what_a_dead_server_held(tmp_path: Path):
+    from osmosis_ai.controller.rollout_process import RolloutServerProcess
+
+    folder = rollout_dir(tmp_path, NO_MODEL_ROLLOUT)
+
+    def server() -> RolloutServerProcess:
+        return RolloutServerProcess(
+            rollout_dir=folder, entrypoint=folder / "main.py", artifact_root=tmp_path / "a"
+        ).start()
+
+    servers = [server(), server()]
+    events: list[tuple[str, str]] = []
+    bridge = RolloutBridge(
+        rollout_dir=folder,
+        entrypoint=folder / "main.py",
+        artifact_root=tmp_path / "artifacts",
+        upstream=TrainingUpstream(temperature=1.0, top_p=1.0, max_tokens=8),
+        servers=[s.url for s in servers],
+        on_fleet=lambda event, url, detail: events.append((event, url)),
+    ).start()
+    try:
+        assert bridge.generation == "polling" and bridge.port is None
+        assert bridge.server_pid is None  # it started no server of its own
+        joined = {url for event, url in events if event == "joined"}
+        assert joined == {s.url for s in servers}
+        # both servers busy for a second each; one dies under its rollouts
+        slow = [
+            replace(request(r / 10), metadata={"reward": r / 10, "sleep": 1.0}) for r in range(8)
+        ]
+        batch = bridge.launch(slow)
+        time.sleep(0.4)
+        assert servers[0].process is not None
+        servers[0].process.kill()
+        outcomes = bridge.finish(batch)
+        # every rollout has its own result once: the dead server's ran again on the other
+        assert [o.sample.reward if o.sample else None for o in outcomes] == [
+            r / 10 for r in range(8)
+        ]
+        assert len({o.rollout_id for o in outcomes}) == 8
+        assert ("died", servers[0].url) in events
+        # the fleet changes between batches: a third server joins, the second leaves
+        servers.append(server())
+        bridge.follow([servers[2].url])
+        assert [o.sample.reward for o in bridge.run([request(0.5)] * 4)] == [0.5] * 4  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while ("left", servers[1].url) not in events and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the change is applied beside the batch, not before it)
+        assert ("joined", servers[2].url) in events and ("left", servers[1].url) in events
+    finally:
+        bridge.close()
+        for one in servers:
+            one.stop()
