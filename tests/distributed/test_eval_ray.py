@@ -128,3 +128,47 @@ def test_a_server_killed_mid_run_loses_nothing_and_counts_nothing_twice(
     assert done.json()["resource"]["dispatched"] > 8  # the killed server's items ran again
     warnings = [line for line in done.stderr_lines() if "ROLLOUT_SERVER_DIED" in line]
     assert warnings or "ROLLOUT_SERVER_DIED" in (run / "logs.txt").read_text()
+
+
+JOINING_NODE = "127.0.0.5"
+
+
+def test_a_node_that_joins_mid_run_gets_a_server_that_takes_work(
+    ray_cluster, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+):
+    ws = enter_workspace(tmp_path, monkeypatch, rows=12)
+    run = ws / ".osmosis/evals/grown"
+    model = Model({}, answer_only=4)  # every answer right; calls after the 4th wait
+    outcome: list[Outcome] = []
+    args = ("--name", "grown", "--ray", ray_cluster.address, "--max-in-flight", "4")
+    cluster = ray_cluster.cluster
+    added: list[int] = []
+    with model.server:
+        runner = threading.Thread(
+            target=lambda: outcome.append(eval_run(capsys, model, monkeypatch, *args))
+        )
+        runner.start()
+        try:
+            deadline = time.monotonic() + 90
+            while model.calls.total() < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert model.calls.total() >= 6, "the run never got rollouts in flight"
+            added.append(cluster.add_node(JOINING_NODE))
+            deadline = time.monotonic() + 60
+            joined = f"joined with its node {JOINING_NODE}"
+            while joined not in (run / "logs.txt").read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert joined in (run / "logs.txt").read_text(), "no server started on the new node"
+        finally:
+            model.release.set()
+            runner.join(timeout=120)
+            if added:
+                cluster.stop_node(added[0])
+    assert not runner.is_alive()
+    (done,) = outcome
+    assert done.code == 0, (done.out, done.err)
+    journal = lines(run / "events.jsonl")
+    assert sorted((r["row_index"], r["run_index"]) for r in journal) == [(i, 0) for i in range(12)]
+    (attempts,) = log_details(run, "attempts per rollout server")
+    on_new_node = [n for url, n in attempts.items() if f"//{JOINING_NODE}:" in url]
+    assert on_new_node and on_new_node[0] > 0, attempts  # the new server took items

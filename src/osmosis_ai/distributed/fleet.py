@@ -145,18 +145,29 @@ class RolloutFleet:
         self.cpus_per_server = cpus_per_server
         self.infos: list[ServerInfo] = []
         self.dead: dict[int, str] = {}
+        self.nodes_seen: set[str] = set()  # the nodes there were at start, and those since added
         self._actors: list[Any] = []
 
     # -- start and stop ----------------------------------------------------------------------
 
-    def place(self) -> list[str]:
-        """The node id for each server: live nodes with room, round robin by address."""
+    def nodes(self) -> list[dict[str, Any]]:
+        """The live nodes big enough for a server."""
         ray = require_ray("a rollout server fleet")
-        nodes = [
+        return [
             n
             for n in ray.nodes()
             if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= self.cpus_per_server
         ]
+
+    def new_nodes(self) -> list[str]:
+        """Live nodes (ids) that joined the cluster after :meth:`start` and hold no server
+        of this fleet yet: each is worth one (:meth:`add`)."""
+        return [str(n["NodeID"]) for n in self.nodes() if str(n["NodeID"]) not in self.nodes_seen]
+
+    def place(self) -> list[str]:
+        """The node id for each server: live nodes with room, round robin by address."""
+        nodes = self.nodes()
+        self.nodes_seen.update(str(n["NodeID"]) for n in nodes)
         if not nodes:
             raise ClusterError(
                 f"no live node of the Ray cluster has {self.cpus_per_server:g} CPU free for a "
@@ -181,6 +192,7 @@ class RolloutFleet:
         """Start one more server on node ``node_id`` (a node that joined, or a replacement
         for a server that died) and wait until it is healthy; its index is the next one."""
         ray = require_ray("a rollout server fleet")
+        self.nodes_seen.add(node_id)
         actor = self._actor(node_id, len(self._actors), soft=False)
         self._actors.append(actor)
         wait = self.spec.health_timeout_sec + _PLACE_WAIT_SEC

@@ -3,8 +3,9 @@
 :class:`FleetRun` joins the cluster (``auto``, an address, or ``local``), starts the fleet in
 a background thread while the controller starts its own side, and watches it: a server that
 dies is reported and taken out of the :class:`~osmosis_ai.controller.balance.BalancedDispatcher`,
-whose in-flight items then run again elsewhere under fresh ids. The controller (proxy,
-listener, journal) stays on the machine that runs the command.
+whose in-flight items then run again elsewhere under fresh ids; a node that joins the cluster
+mid-run gets a server of its own (:meth:`FleetRun.grow`), which takes work from then on. The
+controller (proxy, listener, journal) stays on the machine that runs the command.
 """
 
 from __future__ import annotations
@@ -80,6 +81,20 @@ class FleetRun:
         if self.connection is not None:
             self.connection.close()
             self.connection = None
+
+    def grow(self) -> tuple[list[ServerInfo], list[str]]:
+        """Start a server on each node that joined since the start (blocking: call it in a
+        thread); the servers started, and why each that did not start failed."""
+        if self.fleet is None or not self._started.done() or self._started.exception():
+            return [], []
+        started: list[ServerInfo] = []
+        failures: list[str] = []
+        for node in self.fleet.new_nodes():
+            try:
+                started.append(self.fleet.add(node))
+            except Exception as exc:
+                failures.append(f"node {node[:12]}: {exc}")
+        return started, failures
 
     # -- the scheduler's ServerWatch ---------------------------------------------------------
 

@@ -64,6 +64,8 @@ if TYPE_CHECKING:
     from osmosis_ai.eval.scheduler import Scheduler, ServerWatch
     from osmosis_ai.rollout.protocol import Generation
 
+_FLEET_GROW_SEC = 1.0  # how often a fleet run looks for nodes that joined the cluster
+
 
 def run_eval(options: EvalRunOptions, on_event: EventSink | None = None) -> EvalRunResult:
     """Run (or resume) the evaluation ``options`` describe; ``on_event`` sees its progress."""
@@ -447,12 +449,36 @@ class _Invocation:
             def output(info: ServerInfo, line: str) -> None:
                 self.runlog.output(f"rollout-server-{info.index}", line)
 
+            async def join_new_nodes() -> None:
+                while True:
+                    await asyncio.sleep(_FLEET_GROW_SEC)
+                    started, failures = await asyncio.to_thread(fleet.grow)
+                    for why in failures:
+                        self.warn("server", "ROLLOUT_SERVER_NOT_STARTED", why)
+                    for info in started:
+                        dispatcher = Dispatcher(info.url, service, generation=self.generation)
+                        dispatchers.append(dispatcher)
+                        slot = ServerSlot(
+                            f"{info.index} ({info.url})",
+                            dispatcher,
+                            server_capacity(info.health) or 1,
+                        )
+                        slots.append(slot)
+                        balanced.slots.append(slot)  # (fleet.infos has it already)
+                        self.note(
+                            "schedule",
+                            f"rollout server {info.index} joined with its node {info.node_ip}: "
+                            f"{info.url}, capacity {slot.capacity}",
+                        )
+
             watcher = asyncio.create_task(fleet.watch(dead, output))
+            joiner = asyncio.create_task(join_new_nodes())
             try:
                 await self._run_scheduler(scheduler, [balanced] * workers, fleet, pending)
             finally:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
+                for task in (watcher, joiner):
+                    task.cancel()
+                await asyncio.gather(watcher, joiner, return_exceptions=True)
                 self.runlog.info(
                     "schedule",
                     "attempts per rollout server",

@@ -51,12 +51,12 @@ class TrainingFleet:
         self.fleet = RolloutFleet(self.spec, servers)
         self.directory: Any = None
         self.replacements_left = 2 * servers
-        self._nodes_at_start: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one change of the fleet at a time
         self._stop_sent = False
+        self._said_no_more = False
 
     # -- start and stop ----------------------------------------------------------------------
 
@@ -64,9 +64,6 @@ class TrainingFleet:
         """Start every server and the directory; returns the servers' URLs."""
         import ray
 
-        from osmosis_ai.train.on_ray import alive_nodes
-
-        self._nodes_at_start = {str(node["NodeID"]) for node in alive_nodes()}
         self.run.stage(f"starting {self.wanted} rollout server(s) across the cluster")
         for info in self.fleet.start():
             self._announce(info, "started")
@@ -121,32 +118,27 @@ class TrainingFleet:
 
     def maintain(self) -> None:
         """Replace servers that died and give each node that joined a server; publish."""
-        from osmosis_ai.train.on_ray import alive_nodes
-
         with self._lock:
-            nodes = [n for n in alive_nodes() if n.get("Resources", {}).get("CPU", 0) >= 1]
+            nodes = self.fleet.nodes()
             if not nodes:
                 return
             live = self.fleet.live()
             per_node = Counter(info.node_id for info in live)
-            targets = [
-                str(n["NodeID"])
-                for n in nodes
-                if str(n["NodeID"]) not in self._nodes_at_start and not per_node[str(n["NodeID"])]
-            ]
+            targets = self.fleet.new_nodes()
             joined = set(targets)
             missing = self.wanted - len(live) - len(targets)
             by_load = sorted(nodes, key=lambda n: per_node[str(n["NodeID"])])
             targets += [str(by_load[i % len(by_load)]["NodeID"]) for i in range(max(0, missing))]
             for node in targets:
                 if node not in joined and self.replacements_left <= 0:
-                    self.run.warn(
-                        "ROLLOUT_SERVERS_NOT_REPLACED",
-                        f"{2 * self.wanted} rollout servers were already started in place of "
-                        "ones that died: no more replacements in this run; see the servers' "
-                        "output in the log",
-                    )
-                    self.replacements_left = -1 << 30  # (said once)
+                    if not self._said_no_more:
+                        self._said_no_more = True
+                        self.run.warn(
+                            "ROLLOUT_SERVERS_NOT_REPLACED",
+                            f"{2 * self.wanted} rollout servers were already started in place "
+                            "of ones that died: no more replacements in this run; see the "
+                            "servers' output in the log",
+                        )
                     continue
                 if node not in joined:
                     self.replacements_left -= 1
@@ -158,7 +150,6 @@ class TrainingFleet:
                         f"a rollout server did not start on node {node[:12]}: {exc}",
                     )
                     continue
-                self._nodes_at_start.add(node)
                 self._announce(info, "joined with its node" if node in joined else "replaced")
             self._publish()
 
