@@ -10,9 +10,10 @@ prompts x 8 samples a step, each run warming up alike) three ways:
   cores the two workers share the cores the one worker had).
 
 Step time is the median wall time between consecutive steps' metrics records (everything a
-step costs: rollouts, update, the step's bookkeeping); the first steps are left out (Ray's
-workers and TRL warm up there). Ray's own start-up is reported apart: the cluster (head and
-worker until both are live) and each ``--ray`` run's time from its start to its first step.
+step costs: rollouts, update, the step's bookkeeping), with the part the trainer waited for
+its rollouts beside it; the first steps are left out (Ray's workers and TRL warm up there).
+Ray's own start-up is reported apart: the cluster (head and worker until both are live) and
+each ``--ray`` run's time from its start to its first step.
 
     python bench/train_ray.py [--steps 30] [--repeat 1] [--json out.json]
 """
@@ -73,6 +74,7 @@ def run(root: Path, name: str, steps: int, **ray: Any) -> dict[str, Any]:
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     times = [datetime.fromisoformat(r["time"]).timestamp() for r in records]
     gaps = [b - a for a, b in itertools.pairwise(times)][SKIP:]
+    waits = [float(r.get("rollout_wait_seconds") or 0.0) for r in records[1:]][SKIP:]
     first = times[0] - (time.time() - wall)  # from the call's start to the first step
     return {
         "status": result.status,
@@ -80,6 +82,9 @@ def run(root: Path, name: str, steps: int, **ray: Any) -> dict[str, Any]:
         "wall_s": round(wall, 2),
         "start_to_first_step_s": round(first, 2),
         "step_s_median": round(statistics.median(gaps), 4),
+        # the part of a step the trainer waited for its rollouts; the rest is the update and
+        # the step's bookkeeping (with dispatch-ahead most rollouts run during the update)
+        "rollout_wait_s_median": round(statistics.median(waits), 4),
         "rollouts_per_step": records[-1].get("rollouts"),
     }
 
@@ -133,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                         shown = f"  x{ratio}" if ratio is not None else ""
                         print(
                             f"round {round_} {name:9s} step {f['step_s_median']:.3f}s{shown}  "
+                            f"(rollout wait {f['rollout_wait_s_median']:.3f}s)  "
                             f"start->first step {f['start_to_first_step_s']}s  "
                             f"wall {f['wall_s']}s  rollouts/step {f['rollouts_per_step']}"
                         )

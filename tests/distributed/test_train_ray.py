@@ -1,6 +1,9 @@
 """``osmosis train run --ray`` on the local two-node cluster: two trainer workers (gloo DDP
-on CPU), each with its own policy and rollout server, train the tiny model on the copy-digit
-template; a trainer worker killed with -9 restarts the group from its last state."""
+on CPU), each with its own policy, over a fleet of rollout servers, train the tiny model on
+the copy-digit template as one process does. Faults and changes: a trainer worker killed
+with -9 restarts the group from its last state; a rollout server killed mid-step loses and
+doubles no sample; a node that joins gets a rollout server, and one that leaves is dropped;
+Ctrl-C on the driver finishes the step, saves, and ``--resume`` continues."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -24,9 +24,21 @@ from osmosis_ai.controller.attempt import CommitHook, DispatchOutcome, DispatchR
 from osmosis_ai.controller.dispatch import Dispatcher
 from osmosis_ai.errors import RolloutProtocolError, UsageError
 
-__all__ = ["BalancedDispatcher", "RunsAttempts", "ServerSlot"]
+__all__ = ["BalancedDispatcher", "RunsAttempts", "ServerSlot", "server_capacity"]
 
 _HEALTH_PROBE_SEC = 3.0
+
+
+def server_capacity(health: Mapping[str, Any]) -> int | None:
+    """The capacity ``/health`` advertises: ``concurrency.max_concurrent``, else
+    ``max_queue_depth``; ``None`` when it advertises neither."""
+    nested: Any = health.get("concurrency")
+    if not isinstance(nested, dict):
+        nested = {}
+    for value in (nested.get("max_concurrent"), health.get("max_queue_depth")):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 class RunsAttempts(Protocol):

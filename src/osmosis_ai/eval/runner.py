@@ -363,12 +363,8 @@ class _Invocation:
     async def _dispatch(
         self, server: RolloutServerProcess, service: ControllerService, pending: list[WorkItem]
     ) -> None:
-        from osmosis_ai.eval.scheduler import (
-            Scheduler,
-            choose_workers,
-            dispatcher_pool,
-            server_capacity,
-        )
+        from osmosis_ai.controller.balance import server_capacity
+        from osmosis_ai.eval.scheduler import Scheduler, choose_workers, dispatcher_pool
 
         plan = self.plan
         async with dispatcher_pool(server.url, service) as dispatcher:
@@ -401,9 +397,9 @@ class _Invocation:
     ) -> None:
         """The fleet behind one balanced dispatcher: as many workers as the servers' capacity
         together; a server that dies has its in-flight items run again elsewhere."""
-        from osmosis_ai.controller.balance import BalancedDispatcher, ServerSlot
+        from osmosis_ai.controller.balance import BalancedDispatcher, ServerSlot, server_capacity
         from osmosis_ai.controller.dispatch import Dispatcher
-        from osmosis_ai.eval.scheduler import Scheduler, choose_workers, server_capacity
+        from osmosis_ai.eval.scheduler import Scheduler, choose_workers
 
         plan, infos = self.plan, fleet.infos
         choice = self.generation if plan.generation_forced else "auto"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 
@@ -89,18 +89,6 @@ def choose_workers(plan: EvalPlan, capacity: int | None, pending: int) -> tuple[
         f"{wanted} rollouts in flight requested, but the rollout server advertises capacity "
         f"for {capacity}: the rest wait in its queue (or retry on 429)"
     )
-
-
-def server_capacity(health: Mapping[str, Any]) -> int | None:
-    """The capacity ``/health`` advertises: ``concurrency.max_concurrent``, else
-    ``max_queue_depth``; ``None`` when it advertises neither."""
-    nested: Any = health.get("concurrency")
-    if not isinstance(nested, dict):
-        nested = {}
-    for value in (nested.get("max_concurrent"), health.get("max_queue_depth")):
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 class Scheduler:

@@ -24,12 +24,29 @@ import contextlib
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from osmosis_ai.distributed.fleet import FleetDirectory, FleetSpec, RolloutFleet, ServerInfo
+from osmosis_ai.train.plan import TrainPlan
+from osmosis_ai.train.rundir import RunDir
+from osmosis_ai.train.stopping import StopRequest
 
-if TYPE_CHECKING:
-    from osmosis_ai.train.on_ray import Session
+
+class FleetOwner(Protocol):
+    """What the fleet uses of the driver's run (``runner._Run``)."""
+
+    plan: TrainPlan
+    rundir: RunDir
+
+    @property
+    def stop(self) -> StopRequest: ...
+
+    def stage(self, message: str, **details: object) -> None: ...
+
+    def warn(self, code: str, message: str) -> None: ...
+
+    def server_env(self) -> dict[str, str]: ...
+
 
 _KEEP_EVERY_SEC = 1.0
 
@@ -37,7 +54,7 @@ _KEEP_EVERY_SEC = 1.0
 class TrainingFleet:
     """``servers`` rollout servers for ``run``, from :meth:`start` to :meth:`close`."""
 
-    def __init__(self, run: Session, servers: int) -> None:
+    def __init__(self, run: FleetOwner, servers: int) -> None:
         config = run.plan.config
         assert config.rollout_dir is not None and config.entrypoint_path is not None
         self.run = run

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from osmosis_ai.controller.asgi import refused
-from osmosis_ai.controller.balance import BalancedDispatcher, ServerSlot
+from osmosis_ai.controller.balance import BalancedDispatcher, ServerSlot, server_capacity
 from osmosis_ai.controller.dispatch import Dispatcher, DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.errors import UpstreamRequestError
 from osmosis_ai.controller.loop import new_event_loop
@@ -310,8 +310,6 @@ class RolloutIO:
         self._send("started", self._generation, None)
 
     async def _slot(self, url: str, dispatcher: Dispatcher | None = None) -> ServerSlot:
-        from osmosis_ai.eval.scheduler import server_capacity
-
         assert self._service is not None
         if dispatcher is None:
             generation: Any = self._generation or "auto"
