@@ -15,13 +15,13 @@ import copy
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from osmosis_ai.rollout.agent_workflow import AgentWorkflow
 from osmosis_ai.rollout.backend.base import ExecutionBackend, ResultCallback
+from osmosis_ai.rollout.backend.registry import RolloutRegistry, TrackedRollout
 from osmosis_ai.rollout.config import AgentWorkflowConfig, GraderConfig
 from osmosis_ai.rollout.context import (
     AgentWorkflowContext,
@@ -51,13 +51,7 @@ def default_artifact_root() -> Path:
 
 
 @dataclass
-class _Tracked:
-    status: RolloutStatus
-    task: asyncio.Task[Any] | None
-    reward: float | None = None
-    err_message: str | None = None
-    cancel_disposition: str | None = None
-    finished_at: float | None = None
+class _Tracked(TrackedRollout):
     artifacts: ArtifactsFolder | None = None
 
 
@@ -125,8 +119,7 @@ class LocalBackend(ExecutionBackend):
         self._grader_slots = asyncio.Semaphore(grader_limit) if grader_limit else None
         self._queued = 0
         self._running = 0
-        self._tracked: dict[str, _Tracked] = {}
-        self._finished: deque[tuple[float, str, _Tracked]] = deque()
+        self._rollouts = RolloutRegistry[_Tracked](lambda: self.status_retention_sec)
 
     def _pick_limit(self, explicit: int | object | None) -> int | None:
         if explicit is not ...:
@@ -154,8 +147,7 @@ class LocalBackend(ExecutionBackend):
         }
 
     def rollout_status(self, rollout_id: str) -> dict[str, Any] | None:
-        self._expire()
-        tracked = self._tracked.get(rollout_id)
+        tracked = self._rollouts.get(rollout_id)
         if tracked is None:
             return None
         return {
@@ -167,30 +159,7 @@ class LocalBackend(ExecutionBackend):
     def cancel_rollouts(
         self, ids: list[str] | None = None, prefix: str | None = None, all: bool = False
     ) -> dict[str, str]:
-        if ids is not None:
-            selected = list(dict.fromkeys(ids))
-        elif prefix is not None:
-            selected = [i for i, t in self._tracked.items() if i.startswith(prefix) and _live(t)]
-        elif all:
-            selected = [i for i, t in self._tracked.items() if _live(t)]
-        else:
-            selected = []
-        out: dict[str, str] = {}
-        for rollout_id in selected:
-            tracked = self._tracked.get(rollout_id)
-            if tracked is None or (not _live(tracked) and tracked.cancel_disposition is None):
-                out[rollout_id] = "not_found"
-                continue
-            if tracked.cancel_disposition is None:
-                tracked.cancel_disposition = (
-                    "cancelled_queued"
-                    if tracked.status == RolloutStatus.QUEUED
-                    else "cancelled_running"
-                )
-                if tracked.task is not None:
-                    tracked.task.cancel()
-            out[rollout_id] = tracked.cancel_disposition
-        return out
+        return self._rollouts.cancel(ids, prefix, all, _disposition)
 
     async def execute(
         self,
@@ -203,8 +172,9 @@ class LocalBackend(ExecutionBackend):
                 f"rollout {request.id!r}: on_grader_complete was given but the request has "
                 "grade=False; pass grade=True to have it graded, or no grader callback"
             )
-        tracked = _Tracked(RolloutStatus.QUEUED, asyncio.current_task())
-        self._tracked[request.id] = tracked
+        tracked = self._rollouts.add(
+            request.id, _Tracked(RolloutStatus.QUEUED, asyncio.current_task())
+        )
         rctx = get_rollout_context()
         try:
             async with _maybe_context(rctx, request.id) as ctx:
@@ -390,23 +360,7 @@ class LocalBackend(ExecutionBackend):
         sample: RolloutSample | None,
         err_message: str | None,
     ) -> None:
-        if tracked.status.is_terminal:
-            return
-        tracked.status = status
-        tracked.reward = sample.reward if sample is not None else None
-        tracked.err_message = err_message
-        tracked.task = None
-        tracked.finished_at = time.monotonic()
-        self._finished.append((tracked.finished_at, rollout_id, tracked))
-        self._expire()
-
-    def _expire(self) -> None:
-        horizon = time.monotonic() - self.status_retention_sec
-        finished = self._finished
-        while finished and finished[0][0] <= horizon:
-            _, rollout_id, tracked = finished.popleft()
-            if self._tracked.get(rollout_id) is tracked:
-                del self._tracked[rollout_id]
+        self._rollouts.finish(rollout_id, tracked, status, sample, err_message)
 
 
 def _prepare_artifacts_dir(root: Path, rollout_id: str) -> Path | None:
@@ -432,8 +386,9 @@ def _prepare_artifacts_dir(root: Path, rollout_id: str) -> Path | None:
     return None
 
 
-def _live(tracked: _Tracked) -> bool:
-    return not tracked.status.is_terminal
+def _disposition(tracked: _Tracked) -> str:
+    queued = tracked.status == RolloutStatus.QUEUED
+    return "cancelled_queued" if queued else "cancelled_running"
 
 
 class _maybe_context:

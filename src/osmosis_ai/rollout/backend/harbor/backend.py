@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 import warnings
-from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -72,6 +71,7 @@ from osmosis_ai.rollout.backend.harbor.tasks import (
 )
 from osmosis_ai.rollout.backend.harbor.trials import keep_trial_outputs, remove_tree, scrub_secrets
 from osmosis_ai.rollout.backend.local import default_artifact_root
+from osmosis_ai.rollout.backend.registry import RolloutRegistry, TrackedRollout
 from osmosis_ai.rollout.config import AgentWorkflowConfig, GraderConfig
 from osmosis_ai.rollout.container.files import (
     GRADED_SAMPLE_NAME,
@@ -136,15 +136,9 @@ _EXCEPTIONS: dict[str, tuple[str, RolloutErrorCategory]] = {
 
 
 @dataclass
-class _Tracked:
-    status: RolloutStatus
-    task: asyncio.Task[Any] | None
+class _Tracked(TrackedRollout):
     trial_name: str = ""
     started: bool = False
-    reward: float | None = None
-    err_message: str | None = None
-    cancel_disposition: str | None = None
-    finished_at: float | None = None
 
 
 @dataclass
@@ -271,9 +265,8 @@ class HarborBackend(ExecutionBackend):
         self._code_stage: Path | None = None
         self._stage_lock = threading.Lock()  # trials are planned in threads, concurrently
         _SCRATCH_ROOTS.add(self.scratch_root)
-        self._tracked: dict[str, _Tracked] = {}
+        self._rollouts = RolloutRegistry[_Tracked](lambda: self.status_retention_sec)
         self._by_trial: dict[str, str] = {}
-        self._finished: deque[tuple[float, str, _Tracked]] = deque()
         self._register_hooks()
 
     def _set_agents(
@@ -340,7 +333,7 @@ class HarborBackend(ExecutionBackend):
 
     def _counts(self) -> tuple[int, int]:
         queued = running = 0
-        for tracked in self._tracked.values():
+        for tracked in self._rollouts:
             if tracked.status.is_terminal:
                 continue
             if tracked.started:
@@ -368,8 +361,7 @@ class HarborBackend(ExecutionBackend):
         }
 
     def rollout_status(self, rollout_id: str) -> dict[str, Any] | None:
-        self._expire()
-        tracked = self._tracked.get(rollout_id)
+        tracked = self._rollouts.get(rollout_id)
         if tracked is None:
             return None
         return {
@@ -381,31 +373,12 @@ class HarborBackend(ExecutionBackend):
     def cancel_rollouts(
         self, ids: list[str] | None = None, prefix: str | None = None, all: bool = False
     ) -> dict[str, str]:
-        live = [i for i, t in self._tracked.items() if not t.status.is_terminal]
-        if ids is not None:
-            selected = list(dict.fromkeys(ids))
-        elif prefix is not None:
-            selected = [i for i in live if i.startswith(prefix)]
-        elif all:
-            selected = live
-        else:
-            selected = []
-        out: dict[str, str] = {}
-        for rollout_id in selected:
-            tracked = self._tracked.get(rollout_id)
-            if tracked is None or (
-                tracked.status.is_terminal and tracked.cancel_disposition is None
-            ):
-                out[rollout_id] = "not_found"
-                continue
-            if tracked.cancel_disposition is None:
-                tracked.cancel_disposition = (
-                    "cancelled_running" if tracked.started else "cancelled_queued"
-                )
-                if tracked.task is not None:
-                    tracked.task.cancel()
-            out[rollout_id] = tracked.cancel_disposition
-        return out
+        return self._rollouts.cancel(
+            ids,
+            prefix,
+            all,
+            lambda tracked: "cancelled_running" if tracked.started else "cancelled_queued",
+        )
 
     async def execute(
         self,
@@ -413,8 +386,9 @@ class HarborBackend(ExecutionBackend):
         on_workflow_complete: ResultCallback | None = None,
         on_grader_complete: ResultCallback | None = None,
     ) -> ExecutionOutcome:
-        tracked = _Tracked(RolloutStatus.QUEUED, asyncio.current_task())
-        self._tracked[request.id] = tracked
+        tracked = self._rollouts.add(
+            request.id, _Tracked(RolloutStatus.QUEUED, asyncio.current_task())
+        )
         rctx = get_rollout_context()
         chat_url = (rctx.chat_completions_url if rctx else "") or os.environ.get(
             ENV_CHAT_COMPLETIONS_URL, ""
@@ -960,7 +934,7 @@ class HarborBackend(ExecutionBackend):
             # Harbor does not guard its hooks: this one never raises.
             try:
                 rollout_id = self._by_trial.get(str(event.trial_name))
-                tracked = self._tracked.get(rollout_id) if rollout_id else None
+                tracked = self._rollouts.get(rollout_id) if rollout_id else None
                 if tracked is None or tracked.status.is_terminal:
                     return
                 tracked.started = True
@@ -981,22 +955,7 @@ class HarborBackend(ExecutionBackend):
         sample: RolloutSample | None,
         err_message: str | None,
     ) -> None:
-        if tracked.status.is_terminal:
-            return
-        tracked.status = status
-        tracked.reward = sample.reward if sample is not None else None
-        tracked.err_message = err_message
-        tracked.task = None
-        tracked.finished_at = time.monotonic()
-        self._finished.append((tracked.finished_at, rollout_id, tracked))
-        self._expire()
-
-    def _expire(self) -> None:
-        horizon = time.monotonic() - self.status_retention_sec
-        while self._finished and self._finished[0][0] <= horizon:
-            _, rollout_id, tracked = self._finished.popleft()
-            if self._tracked.get(rollout_id) is tracked:
-                del self._tracked[rollout_id]
+        self._rollouts.finish(rollout_id, tracked, status, sample, err_message)
 
 
 HarborBackendV2 = HarborBackend
