@@ -289,7 +289,7 @@ def _start_error(exc: Exception) -> Exception:
 
 class FleetDirectory:
     """The actor body that tells trainer workers which servers to use: the driver publishes
-    the live servers' URLs after every change, each worker reads them before each step. It
+    the live servers' URLs after every change, each worker reads them as each step ends. It
     also carries the driver's stop request (a Ctrl-C) to the workers."""
 
     def __init__(self) -> None:
@@ -300,14 +300,12 @@ class FleetDirectory:
     def request_stop(self) -> None:
         self.stopping = True
 
-    def stop_requested(self) -> bool:
-        return self.stopping
-
     def publish(self, urls: list[str]) -> int:
         if urls != self.urls:
             self.urls = list(urls)
             self.version += 1
         return self.version
 
-    def current(self) -> tuple[int, list[str]]:
-        return self.version, list(self.urls)
+    def poll(self) -> tuple[int, list[str], bool]:
+        """The list's version, the servers' URLs, and whether the run is to stop."""
+        return self.version, list(self.urls), self.stopping

@@ -63,16 +63,6 @@ class RunCallback(TrainerCallback):
         del state.log_history[:-1]
 
 
-class StepBeginCallback(TrainerCallback):
-    """Calls ``before_step()`` as each optimizer step begins (before its rollouts)."""
-
-    def __init__(self, before_step: Callable[[], None]) -> None:
-        self.before_step = before_step
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.before_step()
-
-
 class WarmupCallback(TrainerCallback):
     """Reports supervised warm-up steps and stops the warm-up when asked to."""
 

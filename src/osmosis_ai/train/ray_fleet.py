@@ -3,7 +3,7 @@ each the user's entrypoint started exactly as on one machine) that every trainer
 balances its rollouts over.
 
 The driver owns the fleet: it starts the servers spread over the nodes, publishes the live
-servers' URLs in a directory actor that each trainer worker reads before each step, and keeps
+servers' URLs in a directory actor that each trainer worker reads as each step ends, and keeps
 the fleet whole in a thread of its own while the workers train:
 
 * a server that dies (its process, its actor or its node) is taken out of the directory; the

@@ -240,10 +240,6 @@ class _Run:
             on_spawn=rundir.record_server,
         )
 
-    def more_callbacks(self) -> list[Any]:
-        """Trainer callbacks beside the run's own (a trainer worker's)."""
-        return []
-
     def server_env(self) -> dict[str, str]:
         """The environment the rollout server gets on top of its own."""
         return {TRAJECTORIES_ENV: "0", **self.plan.config.env, **self.plan.secrets}
@@ -346,7 +342,7 @@ class _Run:
             plan,
             args,
             rollout_func=self.collector,
-            callbacks=[callback, *self.more_callbacks()],
+            callbacks=[callback],
         )
         if vllm_url is None and engine.served_model(self.trainer) is not self.model:
             serve(engine.served_model(self.trainer))
@@ -549,7 +545,7 @@ class WorkerRun(_Run):
 
         config = self.plan.config
         assert config.rollout_dir is not None and config.entrypoint_path is not None
-        _version, servers = ray.get(self.spec.directory.current.remote())
+        _version, servers, _stopping = ray.get(self.spec.directory.poll.remote())
         host = str(ray.util.get_node_ip_address())
         self.stage(f"controller on {host}, balancing over rollout servers: {len(servers)}")
         self.bridge = RolloutBridge(
@@ -566,14 +562,18 @@ class WorkerRun(_Run):
         return self.bridge
 
     def after_step(self, step: int) -> bool:
-        """The step's end as on one machine, then whether to stop: the driver's stop
-        request, agreed by every worker (so all stop after the same step, as DDP needs)."""
+        """The step's end as on one machine; then, in one call to the fleet's directory, the
+        rollout servers the next steps use (as the driver last published them) and whether
+        to stop: the driver's stop request, agreed by every worker (so all stop after the
+        same step, as DDP needs)."""
         import ray
         import torch
         import torch.distributed as dist
 
         super().after_step(step)
-        asked = bool(ray.get(self.spec.directory.stop_requested.remote(), timeout=60))
+        _version, servers, asked = ray.get(self.spec.directory.poll.remote(), timeout=60)
+        if self.bridge is not None:
+            self.bridge.follow(servers)
         flag = torch.tensor([1.0 if asked else 0.0])
         if dist.is_initialized() and self.world > 1:
             flag = flag.to("cuda" if dist.get_backend() == "nccl" else "cpu")
@@ -591,19 +591,6 @@ class WorkerRun(_Run):
             return None
         share = len(rows) // self.world
         return rows[self.rank * share : (self.rank + 1) * share]
-
-    def more_callbacks(self) -> list[Any]:
-        from osmosis_ai.train.callbacks import StepBeginCallback
-
-        return [StepBeginCallback(self._follow_fleet)]
-
-    def _follow_fleet(self) -> None:
-        """Before each step: the fleet's servers as the driver last published them."""
-        import ray
-
-        if self.bridge is not None:
-            _version, servers = ray.get(self.spec.directory.current.remote(), timeout=30)
-            self.bridge.follow(servers)
 
     def _fleet_event(self, event: str, url: str, detail: str) -> None:
         message = f"rollout server {url} {event}: {detail}"
