@@ -66,6 +66,10 @@ def options(root: Path, name: str, **overrides: object) -> TrainRunOptions:
     return TrainRunOptions(**values)  # type: ignore[arg-type]
 
 
+def metrics(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def rewards_of(run_dir: Path) -> list[float]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["training_reward"] for line in lines]
@@ -103,9 +107,7 @@ def test_two_trainer_workers_raise_the_reward_as_one_process_does(
     )
     assert one.status == ray.status == "success"
     assert ray.steps_done == one.steps_done == 40
-    records = [
-        json.loads(line) for line in (ray.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = metrics(ray.run_dir)
     assert [r["step"] for r in records] == list(range(1, 41))
     assert all(r["rollouts"] == 64 for r in records)  # both workers' halves counted, once
     single, double = rewards_of(one.run_dir), rewards_of(ray.run_dir)
@@ -165,7 +167,7 @@ def test_a_killed_trainer_worker_restarts_the_run_from_its_checkpoint(
     assert restart is not None, log[-3000:]
     resumed_after = int(restart.group(1))
     assert 2 <= resumed_after < 6  # the state is saved every step (resume_every 1)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # each step recorded once
     assert len(result.rewards) == 6
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
@@ -192,10 +194,6 @@ def on_fleet(address: str, root: Path, name: str, **extra: object) -> TrainRunOp
         rollout_servers=2,
         **extra,
     )
-
-
-def metrics(run_dir: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def slow_rollout(root: Path) -> None:
