@@ -246,7 +246,7 @@ def test_a_rollout_server_killed_mid_step_loses_and_doubles_no_sample(
     assert re.search(r"rollout server 1 \(\S+, node \S+\) died", text), text[-3000:]
     # a trainer worker saw it die under its rollouts in flight (mid-step), not between steps
     assert re.search(r"\[worker-\d\] rollout server http\S+ died", text), text[-3000:]
-    assert re.search(r"rollout server 2 replaced: \S+ on node \S+", text), text[-3000:]
+    assert re.search(r"rollout server 2 replaced server 1: \S+ on node \S+", text), text[-3000:]
 
 
 def test_a_node_that_joins_gets_a_rollout_server_and_one_that_leaves_is_dropped(
@@ -301,6 +301,7 @@ def test_a_node_that_joins_gets_a_rollout_server_and_one_that_leaves_is_dropped(
     served = served_by_new_node()
     assert served, "the new node's server got no rollout"
     assert re.search(rf"rollout server {server} \(\S+, node {NEW_NODE}\) died", text)
+    assert "replaced server" not in text  # it went with its node: dropped, not replaced
     print(f"the joined node's server ran {len(served)} rollouts")
 
 

@@ -58,11 +58,14 @@ class ServerInfo:
 
 @dataclass(frozen=True)
 class ServerState:
-    """One poll of a server: alive or not, why it is not, and the output since the last poll."""
+    """One poll of a server: alive or not, why it is not, and the output since the last poll;
+    ``actor_gone``: its actor did not answer (killed, or its node left), rather than its
+    server process having exited under a live actor."""
 
     alive: bool
     exit_detail: str = ""
     lines: tuple[str, ...] = ()
+    actor_gone: bool = False
 
 
 class _ServerHost:
@@ -145,6 +148,7 @@ class RolloutFleet:
         self.cpus_per_server = cpus_per_server
         self.infos: list[ServerInfo] = []
         self.dead: dict[int, str] = {}
+        self.actors_gone: set[int] = set()  # dead with their actor (or node), not alone
         self.nodes_seen: set[str] = set()  # the nodes there were at start, and those since added
         self._actors: list[Any] = []
 
@@ -249,7 +253,8 @@ class RolloutFleet:
         try:
             state: ServerState = await self._actors[index].poll.remote()
         except Exception as exc:  # RayActorError, ActorDiedError, a lost node
-            return ServerState(False, f"its Ray actor is gone ({type(exc).__name__}: {exc})")
+            detail = f"its Ray actor is gone ({type(exc).__name__}: {exc})"
+            return ServerState(False, detail, actor_gone=True)
         return state
 
     def _release(self, index: int) -> None:
@@ -275,6 +280,8 @@ class RolloutFleet:
                         on_output(info, line)
                 if not state.alive:
                     self.dead[index] = state.exit_detail
+                    if state.actor_gone:
+                        self.actors_gone.add(index)
                     self._release(index)
                     on_dead(info, state.exit_detail)
             await asyncio.sleep(interval_sec)

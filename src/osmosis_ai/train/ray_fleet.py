@@ -8,7 +8,8 @@ the fleet whole in a thread of its own while the workers train:
 
 * a server that dies (its process, its actor or its node) is taken out of the directory; the
   workers have already run its in-flight rollouts again elsewhere under fresh ids (their
-  dispatchers notice the dead server on their own), and a replacement starts on a live node;
+  dispatchers notice the dead server on their own). A server whose process died under its
+  live actor is replaced on a live node; one that went with its node is dropped with it;
 * a node that joins the cluster gets a server of its own, used from the next step on;
 * a stop request on the driver (Ctrl-C, SIGTERM, a platform's stop) reaches the workers,
   which agree on the step to stop after, save, and end as on one machine.
@@ -74,6 +75,7 @@ class TrainingFleet:
         self._lock = threading.Lock()  # one change of the fleet at a time
         self._stop_sent = False
         self._said_no_more = False
+        self._replaced: set[int] = set()  # dead servers already replaced (or given up on)
 
     # -- start and stop ----------------------------------------------------------------------
 
@@ -139,15 +141,22 @@ class TrainingFleet:
             nodes = self.fleet.nodes()
             if not nodes:
                 return
-            live = self.fleet.live()
-            per_node = Counter(info.node_id for info in live)
-            targets = self.fleet.new_nodes()
-            joined = set(targets)
-            missing = self.wanted - len(live) - len(targets)
+            per_node = Counter(info.node_id for info in self.fleet.live())
+            joined = self.fleet.new_nodes()
+            # a server whose process died under its live actor is replaced; one that went
+            # with its actor or node is dropped (a node that left takes its share along,
+            # and its CPUs are not there to start another: the trainers need what is left)
+            crashed = [
+                index
+                for index in self.fleet.dead
+                if index not in self.fleet.actors_gone and index not in self._replaced
+            ]
             by_load = sorted(nodes, key=lambda n: per_node[str(n["NodeID"])])
-            targets += [str(by_load[i % len(by_load)]["NodeID"]) for i in range(max(0, missing))]
-            for node in targets:
-                if node not in joined and self.replacements_left <= 0:
+            for node in joined:
+                self._start_on(node, "joined with its node")
+            for turn, index in enumerate(crashed):
+                self._replaced.add(index)
+                if self.replacements_left <= 0:
                     if not self._said_no_more:
                         self._said_no_more = True
                         self.run.warn(
@@ -157,18 +166,21 @@ class TrainingFleet:
                             "servers' output in the log",
                         )
                     continue
-                if node not in joined:
-                    self.replacements_left -= 1
-                try:
-                    info = self.fleet.add(node)
-                except Exception as exc:
-                    self.run.warn(
-                        "ROLLOUT_SERVER_NOT_STARTED",
-                        f"a rollout server did not start on node {node[:12]}: {exc}",
-                    )
-                    continue
-                self._announce(info, "joined with its node" if node in joined else "replaced")
+                self.replacements_left -= 1
+                node = str(by_load[turn % len(by_load)]["NodeID"])
+                self._start_on(node, f"replaced server {index}")
             self._publish()
+
+    def _start_on(self, node: str, how: str) -> None:
+        try:
+            info = self.fleet.add(node)
+        except Exception as exc:
+            self.run.warn(
+                "ROLLOUT_SERVER_NOT_STARTED",
+                f"a rollout server did not start on node {node[:12]}: {exc}",
+            )
+            return
+        self._announce(info, how)
 
     def _pass_stop(self) -> None:
         """The driver was asked to stop: the workers finish their step, save, and end."""
