@@ -397,6 +397,21 @@ def test_a_worker_claims_on_a_wake_up_runs_the_job_and_stops_cleanly(platform):
         assert all(w.stopped_at is not None for w in session.scalars(select(Worker)))
 
 
+def test_a_slot_freed_by_a_run_that_exits_after_closing_its_output_takes_the_next_run(
+    platform,
+):
+    # The run process's output ends (the worker hears of it) a second before the process
+    # exits: the slot it frees must still take the queued run, with no poll to fall back on.
+    worker = platform.start_worker(poll_s=600)
+    first = platform.submit("linger")
+    platform.wait_for(first, lambda r: r.status == "finished", "finished")
+    queued = platform.submit("finish", wake=False)  # no wake-up: only the freed slot
+    run = platform.wait_status(queued, "finished")
+    assert claim_details(platform, queued)["trigger"] == "slot"
+    assert run.attempt == 1
+    assert stop_worker(worker) == 0
+
+
 def test_a_claimed_run_goes_to_the_standby_process_started_ahead_of_it(platform):
     import psutil
 

@@ -8,7 +8,9 @@ chosen by the run's ``[env]`` ``JOB_MODE``, so one module drives every worker sc
 * ``exit``: prints the run's secret and exits with code 7 without ending the run;
 * ``raise``: raises an error that carries the run's secret;
 * ``rollout``: starts the run's rollout server the way the eval and training jobs do, and
-  ends ``finished`` once it is healthy (a broken entrypoint raises with its output).
+  ends ``finished`` once it is healthy (a broken entrypoint raises with its output);
+* ``linger``: ends the run ``finished``, closes its output, then takes a second to exit (as
+  an interpreter's teardown may, under load).
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ def execute(ctx: JobContext) -> None:
         os._exit(7)
     elif mode == "raise":
         raise RuntimeError(f"the job broke with {ctx.environ.get('API_KEY')}")
+    elif mode == "linger":
+        import time
+
+        reporter.end("finished", message="test job finished; lingering")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.close(1)
+        os.close(2)
+        time.sleep(1.0)
+        os._exit(0)
     elif mode == "rollout":
         from osmosis_ai.controller.rollout_process import RolloutServerProcess
 

@@ -78,6 +78,8 @@ TAIL_CHARS = 4000
 
 # What woke the worker before a claim, best first (recorded with each claim).
 _TRIGGERS = ("udp", "notify", "slot", "start", "poll")
+_EXIT_POLL_S = 0.05
+_EXIT_WATCH_S = 10.0  # after that, a process that closed its output is looked at each beat
 
 
 @dataclass
@@ -89,6 +91,7 @@ class _Child:
     log_path: Path
     reader: threading.Thread | None = None
     tail: deque[str] = field(default_factory=lambda: deque[str](maxlen=TAIL_LINES))
+    output_ended: float | None = None  # when its output ended (its exit is then near)
     # Set once its processes are being ended: why, and when SIGKILL follows.
     ending: str | None = None  # stopped | lost | shutdown
     kill_at: float | None = None
@@ -207,7 +210,8 @@ class Worker:
         next_poll = now + self.poll_s
         triggers = {"start"}
         while not self._stopping:
-            self._reap()
+            if self._reap():  # a slot is free: whatever woke us for one may have come early
+                triggers.add("slot")
             now = time.monotonic()
             if now >= next_beat:
                 self._heartbeat()
@@ -219,7 +223,7 @@ class Worker:
             if triggers and len(self.children) < self.slots:
                 self._claim(min(triggers, key=_TRIGGERS.index))
             triggers = set()
-            deadline = min(next_beat, next_poll, *self._kill_deadlines())
+            deadline = min(next_beat, next_poll, *self._kill_deadlines(), *self._exiting())
             triggers = self._wait(max(0.0, deadline - time.monotonic()))
 
     def _wait(self, timeout: float) -> set[str]:
@@ -242,6 +246,16 @@ class Worker:
 
     def _kill_deadlines(self) -> list[float]:
         return [c.kill_at for c in self.children.values() if c.kill_at and not c.killed]
+
+    def _exiting(self) -> list[float]:
+        """A moment from now when a run's output ended lately but its process has not yet
+        exited (its slot frees within moments: look again soon, not at the next beat)."""
+        now = time.monotonic()
+        ending = any(
+            c.output_ended is not None and now - c.output_ended < _EXIT_WATCH_S
+            for c in self.children.values()
+        )
+        return [now + _EXIT_POLL_S] if ending else []
 
     # --- claiming ------------------------------------------------------------------------
 
@@ -373,6 +387,7 @@ class Worker:
                 log.write(raw)
                 log.flush()
                 child.tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        child.output_ended = time.monotonic()
         self._wake(b"c")
 
     # --- holding -------------------------------------------------------------------------
@@ -429,7 +444,9 @@ class Worker:
                     )
                     kill_tree(child.process.pid)
 
-    def _reap(self) -> None:
+    def _reap(self) -> bool:
+        """Settle the runs whose process exited; whether any did (a slot is free)."""
+        reaped = False
         for run_id, child in list(self.children.items()):
             code = child.process.poll()
             if code is None:
@@ -441,6 +458,8 @@ class Worker:
                     child.process.stdin.close()
             del self.children[run_id]
             self._settle(child, code)
+            reaped = True
+        return reaped
 
     def _settle(self, child: _Child, code: int) -> None:
         """After a run's process exited: release, tidy or end the run as the case needs."""
