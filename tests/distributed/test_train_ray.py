@@ -33,9 +33,11 @@ from test_train_smoke import LEARNING_CONFIG, LEARNING_MARGIN, LEARNING_WINDOW, 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 # The Ray run and the one-process run share seed and data order but not the sampler's random
-# draws (two workers draw their halves of a step apart): their last-window mean rewards
-# differ by sampling noise, measured 0.02-0.08 here.
-CURVE_TOLERANCE = 0.2
+# draws (two workers draw their halves of a step apart), and the one process is not
+# repeatable either (its policy batches requests as they arrive): over repeated runs its
+# last-window mean reward ended at 0.38-0.58, the two workers' at 0.54-0.61, so two such
+# ends differ by up to about 0.25.
+CURVE_TOLERANCE = 0.3
 
 
 @pytest.fixture(scope="module")
