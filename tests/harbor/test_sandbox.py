@@ -68,6 +68,11 @@ class Sandboxes:
         return env, paths
 
 
+# A folder inside the trial for transfers (its root is an overlay of the host's, so nothing
+# written there reaches the host).
+IN_TRIAL = "/srv/trial-io"
+
+
 @pytest.fixture
 async def sandboxes(tmp_path: Path, task_builder: Callable[..., Path]) -> AsyncIterator[Sandboxes]:
     made = Sandboxes(tmp_path, task_builder)
@@ -247,18 +252,20 @@ async def test_upload_and_download_round_trip(sandboxes: Sandboxes, tmp_path: Pa
     env, _ = sandboxes.make()
     await env.start(force_build=False)
 
-    await env.upload_dir(source, "/work/in")
-    await env.upload_file(single, "/work/one/renamed.txt")
-    listing = await env.exec("cat /work/in/a.txt /work/in/nested/b.txt /work/one/renamed.txt")
+    await env.upload_dir(source, f"{IN_TRIAL}/in")
+    await env.upload_file(single, f"{IN_TRIAL}/one/renamed.txt")
+    listing = await env.exec(
+        f"cat {IN_TRIAL}/in/a.txt {IN_TRIAL}/in/nested/b.txt {IN_TRIAL}/one/renamed.txt"
+    )
     out_dir = tmp_path / "out"
-    await env.download_dir("/work/in", out_dir)
-    await env.download_file("/work/one/renamed.txt", tmp_path / "back.txt")
+    await env.download_dir(f"{IN_TRIAL}/in", out_dir)
+    await env.download_file(f"{IN_TRIAL}/one/renamed.txt", tmp_path / "back.txt")
 
     assert listing.stdout == "ABsingle"
     assert (out_dir / "nested" / "b.txt").read_text() == "B"
     assert (tmp_path / "back.txt").read_text() == "single"
-    with pytest.raises(FileNotFoundError, match="/work/missing"):
-        await env.download_file("/work/missing", tmp_path / "nothing.txt")
+    with pytest.raises(FileNotFoundError, match=f"{IN_TRIAL}/missing"):
+        await env.download_file(f"{IN_TRIAL}/missing", tmp_path / "nothing.txt")
 
 
 async def test_symlinks_in_transfers_never_reach_host_files(sandboxes: Sandboxes, tmp_path: Path):
@@ -270,15 +277,16 @@ async def test_symlinks_in_transfers_never_reach_host_files(sandboxes: Sandboxes
     env, _ = sandboxes.make()
     await env.start(force_build=False)
 
-    await env.upload_dir(source, "/work/up")
-    kind = await env.exec("test -L /work/up/link && echo symlink")
+    await env.upload_dir(source, f"{IN_TRIAL}/up")
+    kind = await env.exec(f"test -L {IN_TRIAL}/up/link && echo symlink")
     # writing through the uploaded link lands in the sandbox's copy-on-write layer
-    await env.exec("echo overwritten > /work/up/link")
+    await env.exec(f"echo overwritten > {IN_TRIAL}/up/link")
     # a link the agent leaves pointing out of the folder is dropped on download
     await env.exec(
-        f"mkdir -p /work/down && ln -s {secret} /work/down/escape && echo ok > /work/down/plain"
+        f"mkdir -p {IN_TRIAL}/down && ln -s {secret} {IN_TRIAL}/down/escape"
+        f" && echo ok > {IN_TRIAL}/down/plain"
     )
-    await env.download_dir("/work/down", tmp_path / "down")
+    await env.download_dir(f"{IN_TRIAL}/down", tmp_path / "down")
 
     assert kind.stdout == "symlink\n"
     assert secret.read_text() == "original"
