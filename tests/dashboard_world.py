@@ -24,6 +24,15 @@ from osmosis_ai.platform.store.orm import Run, RunCheckpoint, RunLog, RunMetric,
 
 XSS = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+# The charts a training run's page must draw (the seeded run has data for each).
+TRAINING_CHARTS = (
+    "training_reward",
+    "validation_reward",
+    "entropy",
+    "response_length",
+    "total_length",
+    "truncation_ratio",
+)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import insert, select
 
-from dashboard_world import XSS, reward_at, seed_eval, seed_training
+from dashboard_world import TRAINING_CHARTS, XSS, reward_at, seed_eval, seed_training
 from osmosis_ai.testing.serving import ServerThread, free_port
 from platform_support import Harness
 
@@ -227,14 +227,7 @@ def test_training_page_draws_six_charts_and_a_drag_zooms_one(page: Watched, worl
     p.click(f"[data-test=run-row][data-run-id='{world['training'].id}'] [data-test=run-link]")
     p.wait_for_selector("#training[data-loaded='true']")
     assert p.locator("[data-test=run-name]").inner_text().startswith(world["training"].name)
-    for name in (
-        "training_reward",
-        "validation_reward",
-        "entropy",
-        "response_length",
-        "total_length",
-        "truncation_ratio",
-    ):
+    for name in TRAINING_CHARTS:
         chart = p.locator(f"[data-test=chart-{name}]")
         assert chart.locator("canvas").count() == 1, name
         assert chart.locator("[data-empty]").is_hidden(), name

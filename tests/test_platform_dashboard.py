@@ -12,7 +12,7 @@ from urllib.parse import quote, urlsplit
 import pytest
 from sqlalchemy import select
 
-from dashboard_world import XSS, reward_at, seed_eval, seed_training
+from dashboard_world import TRAINING_CHARTS, XSS, reward_at, seed_eval, seed_training
 from osmosis_ai.platform.store.orm import Dataset, Model
 from osmosis_ai.platform.web.charts import histogram, lttb
 from platform_support import Harness
@@ -315,14 +315,7 @@ async def test_training_page_shows_overview_checkpoints_config_and_commit(world)
     async with harness.client() as client:
         await sign_in(client, alice)
         page = (await client.get(f"{BASE}/trainings/{training.name}")).text
-    for name in (
-        "training_reward",
-        "validation_reward",
-        "entropy",
-        "response_length",
-        "total_length",
-        "truncation_ratio",
-    ):
+    for name in TRAINING_CHARTS:
         assert f'data-test="chart-{name}"' in page and f'data-test="csv-{name}"' in page
     latest = reward_at(60, 60)
     improvement = latest - reward_at(1, 60)
