@@ -168,6 +168,18 @@ class RolloutFleet:
         of this fleet yet: each is worth one (:meth:`add`)."""
         return [str(n["NodeID"]) for n in self.nodes() if str(n["NodeID"]) not in self.nodes_seen]
 
+    def grow(self) -> tuple[list[ServerInfo], list[str]]:
+        """Start a server on each node that joined since :meth:`start` (blocking); the
+        servers started, and why each one that did not start failed."""
+        started: list[ServerInfo] = []
+        failures: list[str] = []
+        for node in self.new_nodes():
+            try:
+                started.append(self.add(node))
+            except Exception as exc:
+                failures.append(f"a rollout server did not start on node {node[:12]}: {exc}")
+        return started, failures
+
     def place(self) -> list[str]:
         """The node id for each server: live nodes with room, round robin by address."""
         nodes = self.nodes()

@@ -87,14 +87,7 @@ class FleetRun:
         thread); the servers started, and why each that did not start failed."""
         if self.fleet is None or not self._started.done() or self._started.exception():
             return [], []
-        started: list[ServerInfo] = []
-        failures: list[str] = []
-        for node in self.fleet.new_nodes():
-            try:
-                started.append(self.fleet.add(node))
-            except Exception as exc:
-                failures.append(f"node {node[:12]}: {exc}")
-        return started, failures
+        return self.fleet.grow()
 
     # -- the scheduler's ServerWatch ---------------------------------------------------------
 

@@ -409,11 +409,13 @@ class _Invocation:
                 self._pin_generation(await dispatchers[0].detect_generation())
             for dispatcher in dispatchers:
                 dispatcher.generation = self.generation
-            slots = [
-                ServerSlot(f"{i.index} ({i.url})", d, server_capacity(i.health) or 1)
-                for i, d in zip(infos, dispatchers, strict=True)
-            ]
-            balanced = BalancedDispatcher(slots)
+
+            def slot_of(info: ServerInfo, dispatcher: Dispatcher) -> ServerSlot:
+                capacity = server_capacity(info.health) or 1
+                return ServerSlot(f"{info.index} ({info.url})", dispatcher, capacity)
+
+            balanced = BalancedDispatcher(list(map(slot_of, infos, dispatchers)))
+            slots = balanced.slots  # server i's slot at index i, as fleet.infos has it
             workers, warning = choose_workers(plan, balanced.capacity, len(pending))
             if warning is not None:
                 self.warn("schedule", "CAPACITY_BELOW_MAX_IN_FLIGHT", warning)
@@ -454,13 +456,8 @@ class _Invocation:
                     for info in started:
                         dispatcher = Dispatcher(info.url, service, generation=self.generation)
                         dispatchers.append(dispatcher)
-                        slot = ServerSlot(
-                            f"{info.index} ({info.url})",
-                            dispatcher,
-                            server_capacity(info.health) or 1,
-                        )
-                        slots.append(slot)
-                        balanced.slots.append(slot)  # (fleet.infos has it already)
+                        slot = slot_of(info, dispatcher)
+                        slots.append(slot)  # (and fleet.infos has its info already)
                         self.note(
                             "schedule",
                             f"rollout server {info.index} joined with its node {info.node_ip}: "

@@ -38,36 +38,25 @@ from osmosis_ai.train.collect import StepStats
 from osmosis_ai.train.errors import TrainingError
 from osmosis_ai.train.events import TrainEvent, ValidationEvent
 from osmosis_ai.train.plan import RayPlacement, TrainPlan, check_split
+from osmosis_ai.train.ray_fleet import FleetOwner, TrainingFleet
 from osmosis_ai.train.rundir import RunDir
-from osmosis_ai.train.stopping import StopRequest
 
 if TYPE_CHECKING:
     from osmosis_ai.train.events import EvalSummary
 
 
-class Session(Protocol):
-    """What the driver uses of the run (``runner._Run``)."""
+class Session(FleetOwner, Protocol):
+    """What the driver uses of the run (``runner._Run``): what its fleet uses, and more."""
 
-    plan: TrainPlan
-    rundir: RunDir
     rewards: list[float | None]
     validations: list[EvalSummary]
     steps_done: int
     model: Any
     tokenizer: Any
 
-    def stage(self, message: str, **details: object) -> None: ...
-
     def emit(self, event: TrainEvent) -> None: ...
 
     def _prepare_model(self, device: str) -> None: ...
-
-    def warn(self, code: str, message: str) -> None: ...
-
-    def server_env(self) -> dict[str, str]: ...
-
-    @property
-    def stop(self) -> StopRequest: ...
 
 
 _FEATURE = "osmosis train run --ray"
@@ -147,8 +136,6 @@ def _place(run: Session, worker: type[Any], placement: RayPlacement) -> str:
         f"Ray cluster: {len(alive_nodes())} node(s); {workers} trainer worker(s) "
         f"({'NCCL on GPUs' if gpu else 'gloo on CPU'}) over {servers} rollout server(s)"
     )
-    from osmosis_ai.train.ray_fleet import TrainingFleet
-
     fleet = TrainingFleet(run, servers)
     vllm = None
     try:

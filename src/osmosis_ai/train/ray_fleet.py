@@ -142,7 +142,6 @@ class TrainingFleet:
             if not nodes:
                 return
             per_node = Counter(info.node_id for info in self.fleet.live())
-            joined = self.fleet.new_nodes()
             # a server whose process died under its live actor is replaced; one that went
             # with its actor or node is dropped (a node that left takes its share along,
             # and its CPUs are not there to start another: the trainers need what is left)
@@ -152,8 +151,11 @@ class TrainingFleet:
                 if index not in self.fleet.actors_gone and index not in self._replaced
             ]
             by_load = sorted(nodes, key=lambda n: per_node[str(n["NodeID"])])
-            for node in joined:
-                self._start_on(node, "joined with its node")
+            joined, failures = self.fleet.grow()
+            for why in failures:
+                self.run.warn("ROLLOUT_SERVER_NOT_STARTED", why)
+            for info in joined:
+                self._announce(info, "joined with its node")
             for turn, index in enumerate(crashed):
                 self._replaced.add(index)
                 if self.replacements_left <= 0:
@@ -168,19 +170,14 @@ class TrainingFleet:
                     continue
                 self.replacements_left -= 1
                 node = str(by_load[turn % len(by_load)]["NodeID"])
-                self._start_on(node, f"replaced server {index}")
+                try:
+                    info = self.fleet.add(node)
+                except Exception as exc:
+                    why = f"a rollout server did not start on node {node[:12]}: {exc}"
+                    self.run.warn("ROLLOUT_SERVER_NOT_STARTED", why)
+                    continue
+                self._announce(info, f"replaced server {index}")
             self._publish()
-
-    def _start_on(self, node: str, how: str) -> None:
-        try:
-            info = self.fleet.add(node)
-        except Exception as exc:
-            self.run.warn(
-                "ROLLOUT_SERVER_NOT_STARTED",
-                f"a rollout server did not start on node {node[:12]}: {exc}",
-            )
-            return
-        self._announce(info, how)
 
     def _pass_stop(self) -> None:
         """The driver was asked to stop: the workers finish their step, save, and end."""
