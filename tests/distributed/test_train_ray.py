@@ -55,9 +55,12 @@ def workspace(root: Path, model_dir: Path, name: str, config: str) -> Path:
     return root
 
 
-def options(root: Path, name: str, **overrides: object) -> TrainRunOptions:
+def options(
+    root: Path, name: str, config: str | None = None, **overrides: object
+) -> TrainRunOptions:
+    """Run ``name`` of ``configs/training/<config>.toml`` (``config``: ``name``)."""
     values: dict[str, object] = {
-        "config_path": root / "configs" / "training" / f"{name}.toml",
+        "config_path": root / "configs" / "training" / f"{config or name}.toml",
         "cwd": root,
         "eval_rows": 4,
         "torch_threads": 1,
@@ -96,12 +99,12 @@ def test_two_trainer_workers_raise_the_reward_as_one_process_does(
 ):
     assert "lr_warmup_steps = 5" in RAMPED_CONFIG
     root = workspace(tmp_path, model_dir, "learn", RAMPED_CONFIG)
-    one = run_training(options(root, "one", config_path=root / "configs/training/learn.toml"))
+    one = run_training(options(root, "one", config="learn"))
     ray = run_training(
         options(
             root,
             "two",
-            config_path=root / "configs/training/learn.toml",
+            config="learn",
             ray_address=ray_cluster.address,
             trainer_workers=2,
             resume_every=40,
@@ -151,7 +154,7 @@ def test_a_killed_trainer_worker_restarts_the_run_from_its_checkpoint(
         options(
             root,
             "fault",
-            config_path=root / "configs/training/smoke.toml",
+            config="smoke",
             ray_address=ray_cluster.address,
             trainer_workers=2,
             max_steps=6,
@@ -190,7 +193,7 @@ def on_fleet(address: str, root: Path, name: str, **extra: object) -> TrainRunOp
     return options(
         root,
         name,
-        config_path=root / "configs/training/slow.toml",
+        config="slow",
         ray_address=address,
         trainer_workers=2,
         rollout_servers=2,

@@ -43,7 +43,7 @@ def test_a_vllm_engine_on_the_cluster_serves_the_rollouts_and_follows_the_update
         options(
             root,
             "gpu",
-            config_path=root / "configs/training/smoke.toml",
+            config="smoke",
             ray_address=ray_cluster.address,
             trainer_workers=1,
             max_steps=3,
