@@ -313,18 +313,14 @@ class FleetDirectory:
 
     def __init__(self) -> None:
         self.urls: list[str] = []
-        self.version = 0
         self.stopping = False
 
     def request_stop(self) -> None:
         self.stopping = True
 
-    def publish(self, urls: list[str]) -> int:
-        if urls != self.urls:
-            self.urls = list(urls)
-            self.version += 1
-        return self.version
+    def publish(self, urls: list[str]) -> None:
+        self.urls = list(urls)
 
-    def poll(self) -> tuple[int, list[str], bool]:
-        """The list's version, the servers' URLs, and whether the run is to stop."""
-        return self.version, list(self.urls), self.stopping
+    def poll(self) -> tuple[list[str], bool]:
+        """The servers' URLs, and whether the run is to stop."""
+        return list(self.urls), self.stopping

@@ -337,12 +337,7 @@ class _Run:
             plan, self.rundir.resume_dir, device, report_to, world=self.world, sharded=self.sharded
         )
         self.trainer = engine.build_trainer(
-            self.model,
-            tokenizer,
-            plan,
-            args,
-            rollout_func=self.collector,
-            callbacks=[callback],
+            self.model, tokenizer, plan, args, rollout_func=self.collector, callbacks=[callback]
         )
         if vllm_url is None and engine.served_model(self.trainer) is not self.model:
             serve(engine.served_model(self.trainer))
@@ -545,7 +540,7 @@ class WorkerRun(_Run):
 
         config = self.plan.config
         assert config.rollout_dir is not None and config.entrypoint_path is not None
-        _version, servers, _stopping = ray.get(self.spec.directory.poll.remote())
+        servers, _stopping = ray.get(self.spec.directory.poll.remote())
         host = str(ray.util.get_node_ip_address())
         self.stage(f"controller on {host}, balancing over rollout servers: {len(servers)}")
         self.bridge = RolloutBridge(
@@ -571,7 +566,7 @@ class WorkerRun(_Run):
         import torch.distributed as dist
 
         super().after_step(step)
-        _version, servers, asked = ray.get(self.spec.directory.poll.remote(), timeout=60)
+        servers, asked = ray.get(self.spec.directory.poll.remote(), timeout=60)
         if self.bridge is not None:
             self.bridge.follow(servers)
         flag = torch.tensor([1.0 if asked else 0.0])
