@@ -6,13 +6,17 @@ Every error the package raises on purpose derives from :class:`OsmosisError`::
     ├── UsageError             you called something wrong (bad argument, wrong state)
     │   └── MissingExtraError  an optional extra is not installed
     ├── ConfigError            a configuration value is invalid
-    └── ProtocolError          a peer broke the rollout wire protocol
-        └── RolloutProtocolError  a rollout server answered with an unexpected status
+    ├── ProtocolError          a peer broke the rollout wire protocol
+    │   └── RolloutProtocolError  a rollout server answered with an unexpected status
+    └── DeadlineError          a stage waited past its deadline (mixed into each area's own
+                               error: UpstreamTimeoutError, EnvironmentBuildTimeoutError, …)
 
 Messages say what failed, with which value, and what to do about it.
 """
 
 from __future__ import annotations
+
+from typing import Self
 
 
 class OsmosisError(Exception):
@@ -66,3 +70,21 @@ class RolloutProtocolError(ProtocolError):
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         self.status_code = status_code
         super().__init__(message)
+
+
+class DeadlineError(OsmosisError):
+    """A stage waited past its deadline: ``stage`` names it, ``deadline_s`` is the deadline
+    and ``setting`` what changes it (the Deadlines table of ``docs/architecture.md``).
+
+    Areas mix it into their own error (``class UpstreamTimeoutError(UpstreamConnectionError,
+    DeadlineError)``), so what already catches that area's errors still does; it takes no
+    constructor arguments of its own: :meth:`with_deadline` sets the three fields.
+    """
+
+    stage: str = ""
+    deadline_s: float | None = None
+    setting: str = ""
+
+    def with_deadline(self, stage: str, deadline_s: float, setting: str) -> Self:
+        self.stage, self.deadline_s, self.setting = stage, deadline_s, setting
+        return self

@@ -13,7 +13,8 @@ from typing import Protocol
 
 import httpx
 
-from osmosis_ai.controller.errors import UpstreamConnectionError
+from osmosis_ai.controller.errors import UpstreamConnectionError, UpstreamTimeoutError
+from osmosis_ai.deadlines import MODEL_CALL
 
 
 class Answer(Protocol):
@@ -39,10 +40,21 @@ class Answer(Protocol):
         ...
 
 
-def connection_error(target: str, exc: BaseException, during: str) -> UpstreamConnectionError:
-    """``exc`` (no HTTP answer) as the error the proxy relays: what, where, and when."""
+def connection_error(
+    target: str, exc: BaseException, during: str, deadline_s: float | None = None
+) -> UpstreamConnectionError:
+    """``exc`` (no HTTP answer) as the error the proxy relays: what, where, and when. A
+    timeout under the model call deadline ``deadline_s`` is an :class:`UpstreamTimeoutError`
+    that names the deadline and its setting."""
     detail = str(exc) or "no detail"
     if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        if deadline_s is not None:
+            return MODEL_CALL.error(
+                UpstreamTimeoutError,
+                f"the model upstream {target} timed out {during} ({type(exc).__name__})",
+                deadline_s,
+                url=target,
+            )
         detail = f"timed out ({detail})"
     return UpstreamConnectionError(
         f"cannot reach the model upstream {target} {during}: {type(exc).__name__}: {detail}",
@@ -53,11 +65,14 @@ def connection_error(target: str, exc: BaseException, during: str) -> UpstreamCo
 class ResponseAnswer:
     """An :class:`Answer` over an ``httpx.Response`` whose body has not been read yet."""
 
-    __slots__ = ("_response", "_target")
+    __slots__ = ("_deadline_s", "_response", "_target")
 
-    def __init__(self, response: httpx.Response, target: str) -> None:
+    def __init__(
+        self, response: httpx.Response, target: str, deadline_s: float | None = None
+    ) -> None:
         self._response = response
         self._target = target
+        self._deadline_s = deadline_s
 
     @property
     def status(self) -> int:
@@ -71,7 +86,9 @@ class ResponseAnswer:
         try:
             return await self._response.aread()
         except httpx.TransportError as exc:
-            raise connection_error(self._target, exc, "while reading the answer") from exc
+            raise connection_error(
+                self._target, exc, "while reading the answer", self._deadline_s
+            ) from exc
         finally:
             await self._response.aclose()
 
@@ -80,7 +97,7 @@ class ResponseAnswer:
             async for chunk in self._response.aiter_bytes():
                 yield chunk
         except httpx.TransportError as exc:
-            raise connection_error(self._target, exc, "mid-stream") from exc
+            raise connection_error(self._target, exc, "mid-stream", self._deadline_s) from exc
 
     async def aclose(self) -> None:
         await self._response.aclose()

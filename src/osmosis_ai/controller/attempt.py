@@ -32,6 +32,7 @@ __all__ = [
 
 OutcomeKind = Literal["result", "admission_rejected", "timeout", "cancelled", "transport_error"]
 DEADLINE_GRACE_SEC = 60.0
+MIN_GRACE_SEC = 1.0
 UNBOUNDED_DEADLINE_SEC = 3600.0
 
 
@@ -52,13 +53,16 @@ class DispatchRequest:
 
     @property
     def deadline(self) -> float:
-        """Seconds to wait after admission: agent + grader + 60, or 3600 when one is unset."""
+        """Seconds to wait after admission: the agent and grader timeouts plus a grace of
+        their sum, at most 60 s (at least 1 s), so a server that ignores its own deadlines
+        is given up on within twice them; 3600 when one is unset."""
         if self.deadline_sec is not None:
             return self.deadline_sec
         grader = self.grader_timeout_sec if self.grade else 0.0
         if self.agent_timeout_sec is None or grader is None:
             return UNBOUNDED_DEADLINE_SEC
-        return max(self.agent_timeout_sec, 0.0) + max(grader, 0.0) + DEADLINE_GRACE_SEC
+        budget = max(self.agent_timeout_sec, 0.0) + max(grader, 0.0)
+        return budget + min(DEADLINE_GRACE_SEC, max(budget, MIN_GRACE_SEC))
 
 
 @dataclass(frozen=True)

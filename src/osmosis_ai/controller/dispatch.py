@@ -218,7 +218,9 @@ class Dispatcher:
             "timeout",
             cancel_disposition=disposition,
             detail=f"rollout {attempt.rollout_id!r} did not finish within its "
-            f"{attempt.request.deadline:g}s deadline; cancel: {disposition or 'not confirmed'}",
+            f"{attempt.request.deadline:g}s deadline (the agent and grader timeouts plus a "
+            f"grace; the run's agent_workflow_timeout_s and grader_timeout_s set it); cancel: "
+            f"{disposition or 'not confirmed'}",
         )
 
     # -- polling generation ----------------------------------------------------------------

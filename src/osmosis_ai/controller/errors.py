@@ -2,13 +2,14 @@
 
 ``OsmosisError`` > ``ControllerError`` > ``UpstreamError`` > ``UpstreamAuthError`` (401/403),
 ``UpstreamNotFoundError`` (404), ``UpstreamConnectionError`` (no HTTP answer: refused, DNS,
-TLS, timeout), ``UpstreamRequestError`` (any other error status, or not a completion)."""
+TLS, timeout) > ``UpstreamTimeoutError`` (no progress within the model call deadline),
+``UpstreamRequestError`` (any other error status, or not a completion)."""
 
 from __future__ import annotations
 
 import json
 
-from osmosis_ai.errors import OsmosisError
+from osmosis_ai.errors import DeadlineError, OsmosisError
 
 _MESSAGE_LIMIT = 1000
 
@@ -50,6 +51,11 @@ class UpstreamNotFoundError(UpstreamError):
 
 class UpstreamConnectionError(UpstreamError):
     """The upstream could not be reached: refused, DNS, TLS, or timed out."""
+
+
+class UpstreamTimeoutError(UpstreamConnectionError, DeadlineError):
+    """The upstream made no progress (connect, send, or answer bytes) within the model call
+    deadline (``OSMOSIS_MODEL_TIMEOUT_S``)."""
 
 
 class UpstreamRequestError(UpstreamError):

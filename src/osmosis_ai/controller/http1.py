@@ -58,6 +58,7 @@ class Http1Transport:
             "pool": timeout,
         }
         self._lean = LeanTransport(max_connections=max_connections)
+        self._deadline_s = timeout
 
     async def post(self, content: bytes) -> Answer:
         request = b"%b%d\r\n\r\n%b" % (self._head, len(content), content)
@@ -66,8 +67,8 @@ class Http1Transport:
                 self._host, self._port, request, timeouts=self._timeouts, idempotent=True
             )
         except httpx.TransportError as exc:
-            raise connection_error(self._target, exc, _during(exc)) from exc
-        return ResponseAnswer(response, self._target)
+            raise connection_error(self._target, exc, _during(exc), self._deadline_s) from exc
+        return ResponseAnswer(response, self._target, self._deadline_s)
 
     async def aclose(self) -> None:
         await self._lean.aclose()

@@ -93,6 +93,7 @@ class HttpxTransport:
         self._url = httpx.URL(target)
         self._headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._deadline_s = timeout
         self._extensions = {"timeout": self._timeout.as_dict()}
         self._max_connections = max_connections
         self._client: httpx.AsyncClient | None = None
@@ -106,15 +107,23 @@ class HttpxTransport:
             "POST", self._url, headers=self._headers, content=content, extensions=self._extensions
         )
         try:
-            return ResponseAnswer(await self._client.send(request, stream=True), self._target)
+            return ResponseAnswer(
+                await self._client.send(request, stream=True), self._target, self._deadline_s
+            )
         except (httpx.RemoteProtocolError, httpx.ReadError):
             pass  # closed before answering (a stale pooled connection): once more, fresh
         except httpx.TransportError as exc:
-            raise connection_error(self._target, exc, "while sending the request") from exc
+            raise connection_error(
+                self._target, exc, "while sending the request", self._deadline_s
+            ) from exc
         try:
-            return ResponseAnswer(await self._client.send(request, stream=True), self._target)
+            return ResponseAnswer(
+                await self._client.send(request, stream=True), self._target, self._deadline_s
+            )
         except httpx.TransportError as exc:
-            raise connection_error(self._target, exc, "while sending the request") from exc
+            raise connection_error(
+                self._target, exc, "while sending the request", self._deadline_s
+            ) from exc
 
     async def aclose(self) -> None:
         if self._client is not None:

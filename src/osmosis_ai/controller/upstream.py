@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from osmosis_ai.controller.errors import UpstreamError, UpstreamRequestError
+from osmosis_ai.deadlines import MODEL_CALL
 
 __all__ = ["DEFAULT_TIMEOUT_SEC", "Preflight", "Upstream", "run_preflight"]
 
-DEFAULT_TIMEOUT_SEC = 600.0
+DEFAULT_TIMEOUT_SEC = MODEL_CALL.default_s
 _PREFLIGHT_MAX_TOKENS = 16
 _PREFLIGHT_MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -20,11 +20,13 @@ from osmosis_ai.controller.errors import (
     UpstreamConnectionError,
     UpstreamError,
     UpstreamRequestError,
+    UpstreamTimeoutError,
     error_for_status,
     provider_message,
 )
 from osmosis_ai.controller.transport import open_transport
 from osmosis_ai.controller.upstream import DEFAULT_TIMEOUT_SEC, Preflight, Upstream, run_preflight
+from osmosis_ai.deadlines import MODEL_CALL
 from osmosis_ai.errors import ConfigError, MissingExtraError
 from osmosis_ai.rollout.asgi import JSON_ENCODER
 from osmosis_ai.rollout.sse import SSEDecoder
@@ -207,6 +209,14 @@ class LiteLLMUpstream:
         name = type(exc).__name__
         message = str(getattr(exc, "message", None) or exc)
         status = getattr(exc, "status_code", None)
+        if "Timeout" in name:
+            return MODEL_CALL.error(
+                UpstreamTimeoutError,
+                f"LiteLLM got no answer from {self._model} ({name}: {message})",
+                self._timeout,
+                url=self.target,
+                provider_message=message,
+            )
         if any(part in name for part in _LITELLM_CONNECTION_ERRORS) or _got_no_answer(exc):
             return UpstreamConnectionError(
                 f"LiteLLM could not reach {self._model}: {name}: {message}",
@@ -264,9 +274,10 @@ def upstream_from_model_path(
     env: Mapping[str, str],
     *,
     extra_body: Mapping[str, Any] | None = None,
-    timeout: float = DEFAULT_TIMEOUT_SEC,
+    timeout: float | None = None,
 ) -> Upstream:
-    """The upstream for a config ``model_path``.
+    """The upstream for a config ``model_path``; each wait on it is bounded by ``timeout``,
+    by default the model call deadline (``OSMOSIS_MODEL_TIMEOUT_S`` in ``env``, else 600 s).
 
     * ``openai/<model>``: :class:`OpenAICompatibleUpstream` at ``OPENAI_BASE_URL`` (or
       ``OPENAI_API_BASE``, else the OpenAI API) with ``OPENAI_API_KEY``; this reaches any
@@ -277,6 +288,8 @@ def upstream_from_model_path(
     """
     if model_path.startswith("local:"):
         return _local_policy(model_path.removeprefix("local:"), env)
+    if timeout is None:
+        timeout = MODEL_CALL.seconds(env)
     provider, _, model = model_path.partition("/")
     if not provider or not model:
         raise ConfigError(
