@@ -59,11 +59,14 @@ import ctypes
 import inspect
 import ipaddress
 import json
+import marshal
 import os
+import select
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
@@ -102,6 +105,12 @@ BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ALLOWLIST_PORTS = (80, 443)
 _CLONE_NEWNET = 0x40000000
 _STOP_GRACE_SEC = 5.0
+_ATTACH_TIMEOUT_SEC = 30.0
+# The trial's uids and gids 0..TRIAL_ID_COUNT-1 are these host ids from TRIAL_ID_BASE on: its
+# root is no one on the host (files it leaves in host folders belong to TRIAL_ID_BASE + uid).
+TRIAL_ID_BASE = 0x40000000
+TRIAL_ID_COUNT = 65536
+_ENTER_SCRIPT = str(Path(__file__).with_name("sandbox_enter.py"))
 _DEFAULT_LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 _DEFAULT_HIDDEN = (
     "~/.osmosis",
@@ -472,12 +481,7 @@ def sandbox_missing_reason() -> str | None:
         return f"the local sandbox needs Linux (this is {sys.platform})"
     if os.geteuid() != 0:
         return "the local sandbox needs root (it mounts an overlay per trial)"
-    for tool, package in (
-        ("bwrap", "bubblewrap"),
-        ("unshare", "util-linux"),
-        ("nsenter", "util-linux"),
-        ("mount", "mount"),
-    ):
+    for tool, package in (("bwrap", "bubblewrap"), ("nsenter", "util-linux"), ("ip", "iproute2")):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install {package})"
     return None
@@ -551,9 +555,35 @@ def default_environment_config(**kwargs: Any) -> Any:
 
 @dataclass
 class _Holder:
+    """The trial's running sandbox: the privileged helper (its process), bubblewrap's init
+    in the trial's PID namespace, the holder process inside, and the helper's control socket
+    (commands are started through it)."""
+
     process: subprocess.Popen[bytes]
     init_pid: int
     pid: int
+    control: socket.socket
+
+    async def start_command(self, spec: dict[str, Any], stdio: Sequence[Any]) -> socket.socket:
+        """Ask the helper to start a command; returns the socket its pid and status come on."""
+        reply, reply_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        spec_fd = _spec_file(spec)
+        try:
+            fds = [spec_fd, *(_fileno(f) for f in stdio), reply_child.fileno()]
+            while True:
+                try:
+                    socket.send_fds(self.control, [b"run"], fds)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(0.005)
+                except OSError as exc:
+                    reply.close()
+                    raise SandboxError(f"the sandbox is not running any more ({exc})") from None
+        finally:
+            os.close(spec_fd)
+            reply_child.close()
+        reply.setblocking(False)
+        return reply
 
 
 @dataclass
@@ -779,8 +809,75 @@ class LocalSandboxEnvironment(BaseEnvironment):
             tempfile.mkdtemp(prefix=f"{_safe(self.session_id)}-", dir=self._state_root)
         )
         self._trial_dir = trial_dir
-        for name in ("upper", "work", "merged", "tmp", "io"):
+        binds = self._prepare_trial(trial_dir)
+        read_fd, write_fd = os.pipe()
+        control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        spec = {
+            "uid_base": TRIAL_ID_BASE,
+            "id_count": TRIAL_ID_COUNT,
+            **{name: str(trial_dir / name) for name in ("lower", "upper", "work", "merged")},
+            "binds": binds,
+            "bwrap": self._bwrap_command(write_fd),
+            "path": os.environ.get("PATH", BASE_PATH),
+            "info_fd": write_fd,
+            "control_fd": control_child.fileno(),
+            "last_cap": _last_capability(),
+        }
+        spec_fd = _spec_file(spec)
+        errors = trial_dir / "io" / "holder.err"
+        try:
+            with errors.open("wb") as stderr:
+                process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", _ENTER_SCRIPT, "holder", str(spec_fd)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    pass_fds=(write_fd, spec_fd, control_child.fileno()),
+                    start_new_session=True,
+                    env={"PATH": os.environ.get("PATH", BASE_PATH)},
+                )
+        except BaseException:
+            control.close()
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+            os.close(spec_fd)
+            control_child.close()
+        try:
+            init_pid = _wait_ready(process, read_fd)
+            holder = _Holder(process, init_pid, _child_of(init_pid), control)
+        except (SandboxError, OSError, ValueError) as exc:
+            control.close()
+            _kill_group(process.pid)
+            process.wait()
+            detail = errors.read_text(errors="replace").strip()
+            raise SandboxError(f"the sandbox did not start: {detail or exc}") from None
+        finally:
+            os.close(read_fd)
+        try:
+            control.settimeout(_ATTACH_TIMEOUT_SEC)
+            control.send(f"attach {holder.pid}".encode())
+            answer = control.recv(65536).decode(errors="replace")
+        except OSError as exc:
+            answer = f"error {type(exc).__name__}: {exc}"
+        if answer != "ok":
+            _end_holder(holder)
+            detail = errors.read_text(errors="replace").strip()
+            reason = answer.removeprefix("error ") or detail or "no answer"
+            raise SandboxError(f"the sandbox did not start: {reason}")
+        control.setblocking(False)
+        self._holder = holder
+
+    def _prepare_trial(self, trial_dir: Path) -> list[tuple[str, str, bool]]:
+        """The trial's folders and upper layer; returns the binds (source, target, read-only)."""
+        for name in ("lower", "upper", "work", "merged", "tmp", "io"):
             (trial_dir / name).mkdir()
+        upper = trial_dir / "upper"
+        # the upper folder's root is the trial's "/" (as the host's root shows inside), and
+        # /tmp is the trial's own: both belong to the trial's root
+        _mirror_owner(Path("/"), upper)
+        os.chown(trial_dir / "tmp", TRIAL_ID_BASE, TRIAL_ID_BASE)
         (trial_dir / "tmp").chmod(0o1777)
         restricted = self._network_mode() != NetworkMode.PUBLIC
         allowed = (
@@ -791,68 +888,54 @@ class LocalSandboxEnvironment(BaseEnvironment):
         routes, names, addresses = _plan_routes(self._forward if restricted else (), allowed)
         self._routes, self._loopback_addresses = routes, addresses
         if names:
-            self._write_hosts_file(trial_dir / "upper", names)
-        bwrap = [
-            "bwrap",
-            "--bind", str(trial_dir / "merged"), "/",
-            "--dev", "/dev",
-            "--proc", "/proc",
-            "--bind", str(trial_dir / "tmp"), "/tmp",
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--hostname", _safe(self.session_id)[:63] or "sandbox",
-            "--die-with-parent",
-            "--chdir", "/",
-        ]  # fmt: skip
-        if restricted:
-            bwrap.append("--unshare-net")
-        for path in _runtime_under_tmp():  # /tmp is the trial's own: keep this Python visible
-            bwrap += ["--ro-bind", str(path), str(path)]
+            self._write_hosts_file(upper, names)
+        for hidden in self._hidden_paths():
+            _whiteout(upper, hidden)
+        binds: list[tuple[str, str, bool]] = [(str(trial_dir / "tmp"), "/tmp", False)]
+        # /tmp is the trial's own: keep this Python visible
+        binds += [(str(path), str(path), True) for path in _runtime_under_tmp()]
         for mount in self._host_mount_list():
             if mount.get("type", "bind") != "bind":
                 raise SandboxError(
                     f"mount {mount!r}: the local sandbox binds host folders only (type 'bind')"
                 )
-            Path(mount["source"]).mkdir(parents=True, exist_ok=True)
-            flag = "--ro-bind" if mount.get("read_only") else "--bind"
-            bwrap += [flag, str(mount["source"]), str(mount["target"])]
-        for hidden in self._hidden:
-            path = Path(os.path.expanduser(hidden))
-            if path.is_symlink() or not path.exists():
-                continue
-            bwrap += (
-                ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
-            )
-        read_fd, write_fd = os.pipe()
-        bwrap += ["--info-fd", str(write_fd), "--", "/bin/sh", "-c", "echo ready; read _"]
-        overlay = f"lowerdir=/,upperdir={trial_dir / 'upper'},workdir={trial_dir / 'work'}"
-        script = 'mount -t overlay overlay -o "$1" "$2" && shift 2 && exec "$@"'
-        argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script,
-                "sandbox", overlay, str(trial_dir / "merged"), *bwrap]  # fmt: skip
-        try:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=(trial_dir / "io" / "holder.err").open("wb"),
-                pass_fds=(write_fd,),
-                start_new_session=True,
-                env={"PATH": os.environ.get("PATH", BASE_PATH)},
-            )
-        finally:
-            os.close(write_fd)
-        try:
-            info = _read_info(read_fd)
-        finally:
-            os.close(read_fd)
-        assert process.stdout is not None
-        ready = process.stdout.readline()
-        if ready.strip() != b"ready" or "child-pid" not in info:
-            process.kill()
-            process.wait()
-            detail = (trial_dir / "io" / "holder.err").read_text(errors="replace").strip()
-            raise SandboxError(f"the sandbox did not start: {detail or 'no output'}")
-        init_pid = int(info["child-pid"])
-        self._holder = _Holder(process, init_pid, _child_of(init_pid))
+            source = Path(mount["source"])
+            source.mkdir(parents=True, exist_ok=True)
+            read_only = bool(mount.get("read_only"))
+            if not read_only:
+                _give_to_trial(source)
+            binds.append((str(source), str(mount["target"]), read_only))
+        return binds
+
+    def _bwrap_command(self, info_fd: int) -> list[str]:
+        bwrap_path = shutil.which("bwrap")
+        if bwrap_path is None:
+            raise SandboxError("bwrap is not installed (apt-get install bubblewrap)")
+        bwrap = [
+            bwrap_path,
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--ro-bind", "/proc/sys", "/proc/sys",
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--hostname", _safe(self.session_id)[:63] or "sandbox",
+            "--die-with-parent",
+            "--cap-drop", "ALL",
+            "--chdir", "/",
+        ]  # fmt: skip
+        if self._network_mode() != NetworkMode.PUBLIC:
+            bwrap.append("--unshare-net")
+        return [*bwrap, "--info-fd", str(info_fd), "--", "/bin/sh", "-c", "echo ready; read _"]
+
+    def _hidden_paths(self) -> list[Path]:
+        """Host paths the trial must not see: the configured ones, this machine's sandbox
+        state (other trials' files) and the other trials of this job."""
+        paths = [Path(os.path.expanduser(p)) for p in self._hidden]
+        paths.append(self._state_root)
+        trials = Path(self.trial_paths.trial_dir).resolve().parent
+        runtime = [Path(p).resolve() for p in (sys.prefix, sys.base_prefix, __file__)]
+        if trials != Path("/") and not any(r.is_relative_to(trials) for r in runtime):
+            paths.append(trials)
+        return paths
 
     def _write_hosts_file(self, upper: Path, names: dict[str, str]) -> None:
         try:
@@ -861,16 +944,20 @@ class LocalSandboxEnvironment(BaseEnvironment):
             base = "127.0.0.1 localhost\n"
         lines = [base.rstrip("\n"), "# forwarded by the local sandbox"]
         lines += [f"{address} {name}" for name, address in names.items()]
-        (upper / "etc").mkdir(exist_ok=True)
-        (upper / "etc" / "hosts").write_text("\n".join(lines) + "\n")
+        _mirror_parents(upper, Path("/etc/hosts"))
+        hosts = upper / "etc" / "hosts"
+        hosts.write_text("\n".join(lines) + "\n")
+        os.chown(hosts, TRIAL_ID_BASE, TRIAL_ID_BASE)
 
     async def _start_forwarding(self) -> None:
         routes = self._routes
         if not routes or self._holder is None:
             return
-        for address in self._loopback_addresses:
-            await self._checked(f"ip addr add {shlex.quote(address)}/32 dev lo", "root")
         netns = f"/proc/{self._holder.pid}/ns/net"
+        for address in self._loopback_addresses:
+            # the host's own ip, in the trial's network namespace only (the trial's root has
+            # no capability to add addresses)
+            await asyncio.to_thread(_add_loopback_address, netns, address)
         sockets = await asyncio.to_thread(
             _listen_in_netns, netns, [(r.listen_host, r.port) for r in routes]
         )
@@ -986,21 +1073,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
         if holder is None or self._trial_dir is None:
             raise SandboxError(f"sandbox {self.session_id} is not running; call start() first")
         as_user = None if user in (None, "root", 0, "0") else str(user)
-        if as_user is None:
-            script = 'cd -- "$1" || exit 1; exec "$2" -c "$3"'
-        else:
-            script = (
-                'cd -- "$1" || exit 1; u="$4"; g=$(id -g -- "$u") || exit 1; '
-                'h=$(getent passwd "$u" | cut -d: -f6); export HOME="${h:-/}" USER="$u"; '
-                'exec setpriv --reuid="$u" --regid="$g" --init-groups "$2" -c "$3"'
-            )
         shell_path = shell if shell.startswith("/") else f"/bin/{shell}"
-        argv = [
-            "nsenter", "-t", str(holder.pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w",
-            "/bin/sh", "-c", script, "sandbox-exec", cwd, shell_path, command,
-        ]  # fmt: skip
-        if as_user is not None:
-            argv.append(as_user)
+        spec = {"user": as_user, "cwd": cwd, "argv": [shell_path, "-c", command], "env": env}
         io_dir = self._trial_dir / "io"
         token = uuid.uuid4().hex
         out_path = io_dir / f"{token}.out"
@@ -1008,30 +1082,37 @@ class LocalSandboxEnvironment(BaseEnvironment):
         with contextlib.ExitStack() as files:
             out_file = stdout if stdout is not None else files.enter_context(out_path.open("wb"))
             err_file = files.enter_context(err_path.open("wb"))
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                stdout=out_file,
-                stderr=err_file,
-                env=env,
-                start_new_session=True,
-            )
+            if stdin is None:
+                stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                files.callback(os.close, stdin)
+            in_file = stdin
+            reply = await holder.start_command(spec, [in_file, out_file, err_file])
+            files.callback(reply.close)
+            loop = asyncio.get_running_loop()
+            word, _, value = (await loop.sock_recv(reply, 65536)).decode().partition(" ")
+            if word != "pid":
+                raise SandboxError(
+                    f"sandbox {self.session_id}: the command could not start: "
+                    f"{value if word == 'error' else 'the sandbox ended'}"
+                )
+            pid = int(value)
             try:
-                if timeout_sec:
-                    code = await asyncio.wait_for(process.wait(), timeout=timeout_sec)
-                else:
-                    code = await process.wait()
+                ended = loop.sock_recv(reply, 65536)
+                answer = await (asyncio.wait_for(ended, timeout_sec) if timeout_sec else ended)
             except TimeoutError:
-                _kill_group(process.pid)
-                await process.wait()
+                _kill_group(pid)
                 raise SandboxTimeoutError(
                     f"Command timed out after {timeout_sec} seconds"
                 ) from None
             except BaseException:
-                _kill_group(process.pid)
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(process.wait())
+                _kill_group(pid)
                 raise
+            word, _, value = answer.decode().partition(" ")
+            if word != "exit":
+                raise SandboxError(
+                    f"sandbox {self.session_id} ended while running {command[:200]!r}"
+                )
+            code = int(value)
         try:
             out = None if stdout is not None else _read_text(out_path)
             err = _read_text(err_path)
@@ -1083,18 +1164,33 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
 
 
-def _read_info(fd: int) -> dict[str, Any]:
+def _wait_ready(process: subprocess.Popen[bytes], info_fd: int) -> int:
+    """bubblewrap's init pid (host numbering) once the holder inside says ``ready``."""
+    deadline = time.monotonic() + _ATTACH_TIMEOUT_SEC
+    assert process.stdout is not None
+
+    def wait_readable(fd: int) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise SandboxError(f"the sandbox was not ready within {_ATTACH_TIMEOUT_SEC:.0f} s")
+
     data = b""
     while b"}" not in data:
-        chunk = os.read(fd, 4096)
+        wait_readable(info_fd)
+        chunk = os.read(info_fd, 4096)
         if not chunk:
             break
         data += chunk
     try:
-        parsed = json.loads(data.decode() or "{}")
+        info = json.loads(data.decode() or "{}")
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+        info = {}
+    if not isinstance(info, dict) or "child-pid" not in info:
+        raise SandboxError("bwrap did not report its pid")
+    wait_readable(process.stdout.fileno())
+    if process.stdout.readline().strip() != b"ready":
+        raise SandboxError("the holder did not say ready")
+    return int(info["child-pid"])
 
 
 def _child_of(pid: int) -> int:
@@ -1122,8 +1218,97 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def _fileno(file: Any) -> int:
+    return file if isinstance(file, int) else file.fileno()
+
+
+def _spec_file(spec: dict[str, Any]) -> int:
+    """An anonymous file holding ``spec`` (marshal: the helper reads it without importing
+    anything), passed to the helper by descriptor, never in its argv or environment."""
+    fd = os.memfd_create("osmosis-sandbox-spec", 0)
+    data = marshal.dumps(spec)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    return fd
+
+
+def _last_capability() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        return 63
+
+
+def _trial_id(host_id: int) -> int:
+    """The host id under which the trial sees (and owns) a file the host's ``host_id`` owns."""
+    return TRIAL_ID_BASE + host_id if 0 <= host_id < TRIAL_ID_COUNT else TRIAL_ID_BASE + 65534
+
+
+def _mirror_owner(source: Path, target: Path) -> None:
+    """Give ``target`` (in the upper folder) ``source``'s mode, times and owner as the
+    trial sees it: an upper folder's attributes are what the trial's view shows."""
+    info = source.lstat()
+    os.chown(target, _trial_id(info.st_uid), _trial_id(info.st_gid), follow_symlinks=False)
+    target.chmod(stat.S_IMODE(info.st_mode))
+    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def _mirror_parents(upper: Path, path: Path) -> None:
+    """Create ``path``'s parent folders in the upper folder as the host has them."""
+    parents = [p for p in reversed(path.parents) if p != Path("/")]
+    for parent in parents:
+        made = upper / parent.relative_to("/")
+        if not made.is_dir():
+            made.mkdir()
+            _mirror_owner(parent, made)
+
+
+def _whiteout(upper: Path, path: Path) -> None:
+    """Hide ``path`` (and, for a link, what it points to) from the trial: an overlay whiteout
+    in the upper folder, so the trial's view has nothing there at all (nothing to unmount)."""
+    try:
+        real = path.resolve()
+    except OSError:
+        return
+    for hidden in dict.fromkeys([path.parent.resolve() / path.name, real]):
+        if hidden == Path("/") or not os.path.lexists(hidden):
+            continue
+        if os.stat(hidden.parent).st_dev != os.stat("/").st_dev:
+            continue  # only the root filesystem is overlaid; other mounts show up empty
+        _mirror_parents(upper, hidden)
+        target = upper / hidden.relative_to("/")
+        if not os.path.lexists(target):
+            os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+
+
+def _give_to_trial(folder: Path) -> None:
+    """Make a host folder bound writable into the trial (its log folders) the trial root's:
+    what the trial writes there belongs to the unprivileged TRIAL_ID_BASE range."""
+    owner = TRIAL_ID_BASE
+    os.chown(folder, owner, owner)
+    for parent, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(parent, name), owner, owner, follow_symlinks=False)
+
+
+def _add_loopback_address(netns: str, address: str) -> None:
+    result = subprocess.run(
+        ["nsenter", f"--net={netns}", "ip", "addr", "add", f"{address}/32", "dev", "lo"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise SandboxError(
+            f"could not add {address} to the sandbox's loopback: {result.stderr.strip()}"
+        )
+
+
 def _end_holder(holder: _Holder) -> None:
     """End the sandbox: killing the PID namespace's init kills every process in it."""
+    holder.control.close()
     process = holder.process
     with contextlib.suppress(OSError):
         if process.stdin is not None:

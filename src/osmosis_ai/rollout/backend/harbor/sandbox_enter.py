@@ -1,0 +1,490 @@
+"""The privileged steps of the local Harbor sandbox, as a small program of their own.
+
+``sandbox.py`` runs this file with ``python -I -S sandbox_enter.py MODE SPEC_FD`` as root, the
+JSON spec in an anonymous file whose descriptor it passes (never in argv or the environment,
+which other users of the host could read or which would steer this very process):
+
+``holder``
+    Sets up one trial and becomes its bubblewrap. A user namespace maps the trial's uids
+    ``0..count-1`` to the unprivileged host uids ``base..base+count-1`` (nobody inside can
+    create a further one); in a private mount namespace the host root is cloned as an idmapped
+    mount (host uid ``n`` shows as ``n`` inside), and an overlay of it with the trial's upper
+    folder becomes the trial's root; bubblewrap then enters that user namespace, binds the
+    root and the spec's folders by descriptor and starts the holder process with no
+    capabilities and ``no_new_privs``.
+
+``exec``
+    Runs one command in a running trial: joins the holder's namespaces and root, forks (the
+    child is in the trial's PID namespace), and the child drops every capability (bounding,
+    ambient, inheritable, permitted, effective), locks the securebits so that root inside
+    regains none on exec, switches to the named user with that user's groups, sets
+    ``no_new_privs`` and only then executes the command. Between entering the trial's mount
+    namespace and dropping privileges nothing is loaded from the trial's files: every module
+    is imported and every function resolved before, and ``/etc/passwd`` and ``/etc/group``
+    are read as data. The parent stays in the host's PID namespace, waits and exits with the
+    child's status (128 + signal number when it was killed).
+
+Standard library only, and no import of the package: it starts in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import _socket
+import ctypes
+import marshal
+import os
+import select
+import stat
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported at run time: this program must start fast
+    from typing import Any
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_IDMAP = 0x100000
+# The mount API's system calls have one number on every architecture Linux added them to.
+SYS_OPEN_TREE = 428
+SYS_MOVE_MOUNT = 429
+SYS_MOUNT_SETATTR = 442
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+# SECBIT_NOROOT | _LOCKED, SECBIT_KEEP_CAPS_LOCKED, SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED
+SECUREBITS = 0x01 | 0x02 | 0x20 | 0x40 | 0x80
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+MAX_ACCOUNT_FILE = 8 << 20
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_capset = _libc.capset
+_setns = _libc.setns
+_unshare = _libc.unshare
+_mount = _libc.mount
+_mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
+_chroot = _libc.chroot
+
+
+class SetupError(Exception):
+    """A step failed; the message names it and the system's reason."""
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        code = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(code)}")
+    return result
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _read_spec(fd: int) -> dict[str, Any]:
+    chunks: list[bytes] = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    os.close(fd)
+    spec = marshal.loads(b"".join(chunks))
+    if not isinstance(spec, dict):
+        raise SetupError("the spec is not a mapping")
+    return spec
+
+
+# -- holder ----------------------------------------------------------------------------------
+
+
+def _make_user_namespace(base: int, count: int) -> int:
+    """A user namespace mapping ``0..count-1`` to ``base..``; returns a descriptor of it.
+
+    A child unshares it and, once mapped, forbids further user namespaces in it (it holds
+    CAP_SYS_RESOURCE there from the unshare); this process writes the maps (it is root in
+    the parent namespace).
+    """
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            _check(_unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+            os.write(ready_w, b"1")
+            if os.read(go_r, 1) == b"1":
+                with open("/proc/sys/user/max_user_namespaces", "w") as limit:
+                    limit.write("0\n")
+                code = 0
+        except BaseException as exc:
+            os.write(2, f"sandbox: user namespace: {exc}\n".encode())
+        os._exit(code)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise SetupError("the user namespace could not be created")
+        for name, text in (
+            ("uid_map", f"0 {base} {count}\n"),
+            ("setgroups", "allow\n"),
+            ("gid_map", f"0 {base} {count}\n"),
+        ):
+            with open(f"/proc/{pid}/{name}", "w") as handle:
+                handle.write(text)
+        fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY)
+        os.write(go_w, b"1")
+    finally:
+        os.close(ready_r)
+        os.close(go_w)
+        _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SetupError("the user namespace could not be limited to no further namespaces")
+    return fd
+
+
+def _idmapped_clone(source: str, target: str, userns_fd: int) -> None:
+    """Mount a read-only clone of ``source`` at ``target`` seen through ``userns_fd``'s map."""
+    tree = _check(
+        _syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC),
+        f"open_tree({source})",
+    )
+    try:
+        attr = _MountAttr(
+            MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            0,
+            0,
+            userns_fd,
+        )
+        _check(
+            _syscall(
+                SYS_MOUNT_SETATTR,
+                tree,
+                b"",
+                AT_EMPTY_PATH,
+                ctypes.byref(attr),
+                ctypes.c_size_t(ctypes.sizeof(attr)),
+            ),
+            f"idmapping {source} (mount_setattr)",
+        )
+        _check(
+            _syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+            f"move_mount to {target}",
+        )
+    finally:
+        os.close(tree)
+
+
+def run_holder(spec: dict[str, Any]) -> None:
+    """Set the trial up, start bubblewrap as a child, then serve commands (see serve)."""
+    userns = _make_user_namespace(int(spec["uid_base"]), int(spec["id_count"]))
+    _check(_unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
+    lower, upper, work, merged = (str(spec[k]) for k in ("lower", "upper", "work", "merged"))
+    _idmapped_clone("/", lower, userns)
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    _check(_mount(b"overlay", merged.encode(), b"overlay", 0, options.encode()), "overlay")
+    # bubblewrap opens its sources as root of the trial's user namespace, which may not
+    # traverse the host folders above them (a 0700 temporary folder, say): each source is
+    # bound under a tmpfs that shadows /tmp in this private mount namespace only.
+    sources = [(merged, "/", False), *spec["binds"]]
+    opened = [os.open(str(source), os.O_PATH | os.O_CLOEXEC) for source, _, _ in sources]
+    _check(_mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"), "staging")
+    argv = [str(spec["bwrap"][0])]
+    for index, (fd, (_, target, read_only)) in enumerate(zip(opened, sources, strict=True)):
+        staged = f"/tmp/{index}"
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.mkdir(staged, 0o755)
+        else:
+            os.close(os.open(staged, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        _check(
+            _mount(f"/proc/self/fd/{fd}".encode(), staged.encode(), None, MS_BIND | MS_REC, None),
+            f"staging {sources[index][0]}",
+        )
+        os.close(fd)
+        argv += ["--ro-bind" if read_only else "--bind", staged, str(target)]
+    argv += [str(word) for word in spec["bwrap"][1:]]
+    bwrap_pid = os.fork()
+    if bwrap_pid == 0:
+        try:
+            # bubblewrap runs as root of the trial's user namespace, so what it creates
+            # (mount, PID, network... namespaces) belongs to that namespace, not the host's.
+            _check(_setns(userns, CLONE_NEWUSER), "entering the trial's user namespace")
+            os.setgroups([])
+            os.setresgid(0, 0, 0)
+            os.setresuid(0, 0, 0)
+            # execve, not execvpe: a PATH search imports (and the host's Python is not
+            # readable to this unprivileged user)
+            os.execve(str(spec["bwrap"][0]), argv, {"PATH": str(spec["path"])})
+        except BaseException as exc:
+            os.write(2, f"sandbox: starting bwrap: {exc}\n".encode(errors="replace"))
+        os._exit(127)
+    os.close(userns)
+    os.close(int(spec["info_fd"]))
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    serve(int(spec["control_fd"]), bwrap_pid, int(spec["last_cap"]))
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def _read_account_file(path: str) -> list[list[str]]:
+    """The colon-separated lines of ``/etc/passwd`` or ``/etc/group`` inside, read as data."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ACCOUNT_FILE:
+            return []
+        data = os.read(fd, MAX_ACCOUNT_FILE)
+    finally:
+        os.close(fd)
+    return [line.split(":") for line in data.decode("utf-8", "replace").splitlines()]
+
+
+def _account(user: str) -> tuple[int, int, list[int], str, str]:
+    """(uid, gid, groups, home, name) of ``user`` (a name or a number) inside the trial."""
+    passwd = [row for row in _read_account_file("/etc/passwd") if len(row) >= 7]
+    entry = next((row for row in passwd if row[0] == user), None)
+    if entry is None and user.isdigit():
+        entry = next((row for row in passwd if row[2] == user), None)
+        if entry is None:
+            number = int(user)
+            return number, number, [number], "/", user
+    if entry is None:
+        raise SetupError(f"no user {user!r} in the sandbox's /etc/passwd")
+    name, uid, gid, home = entry[0], int(entry[2]), int(entry[3]), entry[5] or "/"
+    groups = [gid]
+    for row in _read_account_file("/etc/group"):
+        member = len(row) >= 4 and name in row[3].split(",") and row[2].isdigit()
+        if member and int(row[2]) not in groups:
+            groups.append(int(row[2]))
+    return uid, gid, groups, home, name
+
+
+def _drop_privileges(uid: int, gid: int, groups: list[int], last_cap: int) -> None:
+    """Leave this process with no capability of any kind, for good, running as uid/gid."""
+    for cap in range(last_cap + 1):
+        _check(_prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"dropping capability {cap}")
+    _check(_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clearing ambient caps")
+    _check(_prctl(PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0), "locking securebits")
+    os.setgroups(groups)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_capset(ctypes.byref(header), data), "clearing capabilities")
+    _check(_prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "setting no_new_privs")
+
+
+def _enter(pid: int) -> None:
+    """Join the namespaces and the root of the trial process ``pid`` (this process only)."""
+    namespaces: list[tuple[int, int, str]] = []
+    for name, flag in (
+        ("user", CLONE_NEWUSER),
+        ("mnt", CLONE_NEWNS),
+        ("uts", CLONE_NEWUTS),
+        ("ipc", CLONE_NEWIPC),
+        ("net", CLONE_NEWNET),
+        ("pid", CLONE_NEWPID),
+    ):
+        fd = os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        theirs, ours = os.fstat(fd), os.stat(f"/proc/self/ns/{name}")
+        if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+            os.close(fd)  # shared with the host (the network of a ``public`` trial)
+            continue
+        namespaces.append((fd, flag, name))
+    root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for fd, flag, name in namespaces:
+        _check(_setns(fd, flag), f"entering the sandbox's {name} namespace")
+        os.close(fd)
+    os.fchdir(root)
+    _check(_chroot(b"."), "entering the sandbox's root")
+    os.close(root)
+    os.chdir("/")
+
+
+def _start_command(spec: dict[str, Any], stdio: list[int], last_cap: int) -> int:
+    """Fork the child that runs one command unprivileged; returns its pid."""
+    user = spec.get("user")
+    env = {str(k): str(v) for k, v in spec["env"].items()}
+    if user is None:
+        uid, gid, groups = 0, 0, [0]
+    else:
+        uid, gid, groups, home, name = _account(str(user))
+        env["HOME"], env["USER"] = home, name
+    argv = [str(word) for word in spec["argv"]]
+    cwd = str(spec["cwd"])
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+            os.closerange(3, 1 << 20)
+            _drop_privileges(uid, gid, groups, last_cap)
+            try:
+                os.chdir(cwd)
+            except OSError as exc:
+                os.write(2, f"sandbox-exec: cd {cwd}: {exc.strerror}\n".encode())
+                os._exit(1)
+            os.execve(argv[0], argv, env)
+        except BaseException as exc:
+            os.write(2, f"sandbox-exec: {exc}\n".encode(errors="replace"))
+        os._exit(126)
+    return child
+
+
+def _send(fd: int, message: str) -> None:
+    try:  # noqa: SIM105 - contextlib is not imported here (start-up time)
+        os.write(fd, message.encode(errors="replace"))
+    except OSError:
+        pass  # the host stopped waiting for this answer
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _receive_fds(control: Any) -> tuple[bytes, list[int]]:
+    data, ancillary, _, _ = control.recvmsg(64, _socket.CMSG_SPACE(8 * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += [
+                int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True)
+                for i in range(0, len(payload) - 3, 4)
+            ]
+    return data, fds
+
+
+def serve(control_fd: int, bwrap_pid: int, last_cap: int) -> None:
+    """Run commands in the trial on request until the host hangs up or the trial ends.
+
+    The control socket (SOCK_SEQPACKET) first brings ``attach PID``, the trial's holder
+    process: this process joins it and answers ``ok`` (or ``error TEXT``). Every later
+    message carries five descriptors: the command's spec (a marshalled mapping of ``user``,
+    ``cwd``, ``argv``, ``env``), its stdin, stdout and stderr, and a reply socket that gets
+    ``pid N`` once the command runs (its pid on the host, a process group of its own) and
+    ``exit CODE`` when it ends, or ``error TEXT`` if it could not start.
+    """
+    control = _socket.socket(fileno=control_fd)
+    word, _, pid = os.read(control_fd, 64).decode(errors="replace").partition(" ")
+    try:
+        if word != "attach":
+            raise SetupError(f"expected 'attach PID', got {word!r}")
+        _enter(int(pid))
+    except (SetupError, OSError, ValueError) as exc:
+        _send(control_fd, f"error joining the sandbox: {exc}")
+        return
+    _send(control_fd, "ok")
+    poller = select.poll()
+    poller.register(control_fd, select.POLLIN)
+    trial_end = os.pidfd_open(bwrap_pid)
+    poller.register(trial_end, select.POLLIN)
+    running: dict[int, tuple[int, int]] = {}
+    while True:
+        for fd, _ in poller.poll():
+            if fd == trial_end:
+                return
+            if fd in running:
+                child, reply = running.pop(fd)
+                poller.unregister(fd)
+                os.close(fd)
+                _, status = os.waitpid(child, 0)
+                _send(reply, f"exit {_exit_code(status)}")
+                os.close(reply)
+                continue
+            data, fds = _receive_fds(control)
+            if not data:
+                return  # the host hung up: the sandbox is being stopped
+            if len(fds) != 5:
+                for extra in fds:
+                    os.close(extra)
+                continue
+            spec_fd, stdio, reply = fds[0], fds[1:4], fds[4]
+            try:
+                child = _start_command(_read_spec(spec_fd), stdio, last_cap)
+            except (SetupError, OSError, KeyError, ValueError, EOFError, TypeError) as exc:
+                _send(reply, f"error {exc}")
+                os.close(reply)
+                continue
+            finally:
+                for used in stdio:
+                    os.close(used)
+            pidfd = os.pidfd_open(child)
+            running[pidfd] = (child, reply)
+            poller.register(pidfd, select.POLLIN)
+            _send(reply, f"pid {child}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] != "holder":
+        os.write(2, b"usage: sandbox_enter.py holder SPEC_FD\n")
+        return 2
+    code = 0
+    try:
+        run_holder(_read_spec(int(argv[2])))
+    except BaseException as exc:
+        os.write(2, f"sandbox: {exc}\n".encode(errors="replace"))
+        code = 125
+    # os._exit: no interpreter shutdown (which may import) inside the trial's files
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
