@@ -45,6 +45,7 @@ from urllib.parse import quote, urlencode
 from osmosis_ai.platform.errors import InvalidRequest, NotFound, PermissionDenied
 
 MAX_KEY_BYTES = 1024
+MAX_SEGMENT_BYTES = 255  # one file or folder name on Linux filesystems
 DEFAULT_EXPIRES_IN = 3600
 _WRITE_BUFFER = 1 << 20
 _UPLOAD_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
@@ -134,6 +135,12 @@ def check_key(key: str) -> str:
         if segment in ("", ".", ".."):
             shown = "an empty" if not segment else f"a {segment!r}"
             raise InvalidObjectKey(key, f"it has {shown} path segment")
+        if len(segment.encode("utf-8", errors="replace")) > MAX_SEGMENT_BYTES:
+            raise InvalidObjectKey(
+                key[:64] + "…",
+                f"a path segment is longer than {MAX_SEGMENT_BYTES} bytes in UTF-8 (a file "
+                "name's limit on disk)",
+            )
     return key
 
 

@@ -22,6 +22,13 @@ DEFAULT_PORT = 8480
 DATA_DIR_ENV = "OSMOSIS_PLATFORM_DATA_DIR"
 DATABASE_URL_ENV = "OSMOSIS_PLATFORM_DATABASE_URL"
 GIT_REFRESH_ENV = "OSMOSIS_PLATFORM_GIT_REFRESH_S"
+MAX_BODY_ENV = "OSMOSIS_PLATFORM_MAX_BODY_BYTES"
+QUOTA_ENV = "OSMOSIS_PLATFORM_WORKSPACE_QUOTA_BYTES"
+# The largest request body the API and dashboard read (uploads go through signed URLs).
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+MAX_BODY_RANGE = (1024, 1024**3)
+# What one workspace may keep in the object store: its datasets and imported runs.
+DEFAULT_WORKSPACE_QUOTA_BYTES = 100 * 1024**3
 # How old a workspace's last Git fetch may be before a rollout listing fetches again.
 DEFAULT_GIT_REFRESH_S = 5.0
 SETTINGS_FILE = "settings.json"
@@ -38,6 +45,8 @@ class PlatformSettings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     git_refresh_s: float = DEFAULT_GIT_REFRESH_S  # 0: every listing fetches
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    workspace_quota_bytes: int = DEFAULT_WORKSPACE_QUOTA_BYTES
 
     @property
     def objects_dir(self) -> Path:
@@ -65,6 +74,8 @@ def load_settings(
     port: int | None = None,
     use_saved_public_url: bool = True,
     git_refresh_s: float | None = None,
+    max_body_bytes: int | None = None,
+    workspace_quota_bytes: int | None = None,
 ) -> PlatformSettings:
     """Settings from arguments, then the environment, then the data dir's ``settings.json``.
 
@@ -89,7 +100,37 @@ def load_settings(
         host=host,
         port=chosen_port,
         git_refresh_s=_git_refresh(git_refresh_s),
+        max_body_bytes=_byte_count(
+            max_body_bytes, MAX_BODY_ENV, DEFAULT_MAX_BODY_BYTES, MAX_BODY_RANGE, "--max-body-bytes"
+        ),
+        workspace_quota_bytes=_byte_count(
+            workspace_quota_bytes,
+            QUOTA_ENV,
+            DEFAULT_WORKSPACE_QUOTA_BYTES,
+            (1, 1 << 60),
+            "--workspace-quota-bytes",
+        ),
     )
+
+
+def _byte_count(
+    value: int | None, env: str, default: int, bounds: tuple[int, int], flag: str
+) -> int:
+    """A byte count from the argument, else ``env``, else ``default``; refused out of bounds."""
+    if value is None:
+        text = os.environ.get(env, "").strip()
+        if not text:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{env}={text!r} is not a whole number of bytes.") from None
+    low, high = bounds
+    if not low <= value <= high:
+        raise ConfigError(
+            f"{flag} {value} is out of range: give {low} to {high} bytes (default {default})."
+        )
+    return value
 
 
 def _git_refresh(value: float | None) -> float:

@@ -29,6 +29,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="server log level (default info)",
     )
     parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the largest request body the API and dashboard read, refused with 413 before "
+        "anything else (default 1048576, or $OSMOSIS_PLATFORM_MAX_BODY_BYTES; files go "
+        "through upload URLs, capped at their declared size)",
+    )
+    parser.add_argument(
+        "--workspace-quota-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="what one workspace may keep (datasets and imported eval runs, by declared "
+        "size); an upload past it is refused before it starts (default 100 GiB, or "
+        "$OSMOSIS_PLATFORM_WORKSPACE_QUOTA_BYTES)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -54,6 +72,8 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         port=args.port,
         public_url=args.public_url,
         use_saved_public_url=False,
+        max_body_bytes=args.max_body_bytes,
+        workspace_quota_bytes=args.workspace_quota_bytes,
     )
     if settings.host not in LOOPBACK:
         ctx.warn(

@@ -30,7 +30,9 @@ from osmosis_ai.platform.api.datasets import resume_processing
 from osmosis_ai.platform.api.deps import Platform
 from osmosis_ai.platform.api.errors import install_error_handlers
 from osmosis_ai.platform.api.inference import start_serving, stop_serving
+from osmosis_ai.platform.api.limits import RequestLimitMiddleware
 from osmosis_ai.platform.api.objects import mount_objects
+from osmosis_ai.platform.api.sweep import SWEEP_INTERVAL_S, sweep_forever
 from osmosis_ai.platform.api.version import VersionSignalMiddleware
 from osmosis_ai.platform.settings import PlatformSettings
 from osmosis_ai.platform.store.database import Database, open_database
@@ -63,10 +65,12 @@ def create_platform_app(
     *,
     database: Database | None = None,
     clock: Callable[[], datetime] = utcnow,
+    sweep_interval_s: float = SWEEP_INTERVAL_S,
 ) -> FastAPI:
     """The platform app for ``settings``; opens (and migrates) its database unless given one.
 
-    A database the app opened is closed when the app shuts down.
+    A database the app opened is closed when the app shuts down. While it runs, abandoned
+    uploads, imports and device logins are swept every ``sweep_interval_s`` seconds.
     """
     owned = database is None
     db = open_database(settings) if database is None else database
@@ -77,9 +81,12 @@ def create_platform_app(
         # Datasets a stopped server left half-processed finish in a thread, not at start-up.
         resumed = asyncio.get_running_loop().run_in_executor(None, resume_processing, platform)
         await start_serving(platform)  # servers of the models still deployed start again
+        sweeping = asyncio.create_task(sweep_forever(platform, sweep_interval_s))
         try:
             yield
         finally:
+            sweeping.cancel()
+            await asyncio.gather(sweeping, return_exceptions=True)
             await stop_serving(platform)
             await resumed
             if owned:
@@ -96,6 +103,8 @@ def create_platform_app(
     app.state.platform = platform
     install_error_handlers(app)
     app.add_middleware(VersionSignalMiddleware)
+    # Outermost: an oversized body is refused before the version check, auth or parsing.
+    app.add_middleware(RequestLimitMiddleware, max_body_bytes=settings.max_body_bytes)
 
     @app.get("/api/health", include_in_schema=False)
     def health() -> dict[str, str]:  # pyright: ignore[reportUnusedFunction]

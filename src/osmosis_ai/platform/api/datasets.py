@@ -127,6 +127,7 @@ def create_dataset(
             signer=url_signer(platform),
             base_url=platform.settings.public_url,
             now=platform.now(),
+            quota_bytes=platform.settings.workspace_quota_bytes,
         )
         out = _one(session, created.dataset)
     plan = {k: v for k, v in vars(created.upload).items() if v is not None}
@@ -184,12 +185,18 @@ def resume_processing(platform: Platform) -> int:
 def abort_upload(
     dataset_id: str,
     platform: PlatformDep,
+    principal: PrincipalDep,
     workspace: WorkspaceDep,
     body: Annotated[AbortIn | None, Body()] = None,
 ) -> DatasetOut:
     with platform.transaction() as session:
         dataset = service.abort_upload(
-            session, workspace, dataset_id, store=object_store(platform), now=platform.now()
+            session,
+            workspace,
+            principal.user_id,
+            dataset_id,
+            store=object_store(platform),
+            now=platform.now(),
         )
         return _one(session, dataset)
 

@@ -8,14 +8,28 @@ from __future__ import annotations
 from datetime import datetime
 from urllib.parse import quote
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from osmosis_ai.platform.api.deps import PlatformDep
+from osmosis_ai.platform.api.deps import Platform, PlatformDep
+from osmosis_ai.platform.api.limits import RateLimiter
 from osmosis_ai.platform.api.wire import UserOut, WireModel
 from osmosis_ai.platform.services import device
 
 router = APIRouter(prefix="/api/cli/device", tags=["auth"])
+
+# Starting a login needs no token, so each address may start only a few a minute.
+AUTHORIZE_LIMIT = 10
+AUTHORIZE_WINDOW_S = 60.0
+
+
+def authorize_limiter(platform: Platform) -> RateLimiter:
+    """The per-address limit of ``/authorize`` (one per app)."""
+    limiter = platform.extras.get("device_authorize_limiter")
+    if not isinstance(limiter, RateLimiter):
+        limiter = RateLimiter(AUTHORIZE_LIMIT, AUTHORIZE_WINDOW_S)
+        platform.extras["device_authorize_limiter"] = limiter
+    return limiter
 
 
 class AuthorizeIn(BaseModel):
@@ -47,7 +61,9 @@ class TokenOut(WireModel):
 
 
 @router.post("/authorize")
-def authorize(body: AuthorizeIn, platform: PlatformDep) -> AuthorizeOut:
+def authorize(body: AuthorizeIn, request: Request, platform: PlatformDep) -> AuthorizeOut:
+    address = request.client.host if request.client is not None else "an unknown address"
+    authorize_limiter(platform).check(address, "device logins")
     with platform.transaction() as session:
         started = device.start(session, device_name=body.device_name, now=platform.now())
     page = f"{platform.settings.public_url}/device"

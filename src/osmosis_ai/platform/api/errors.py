@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from osmosis_ai.platform.api.limits import RateLimited
 from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequest, PlatformError
 
 logger = logging.getLogger("osmosis_ai.platform")
@@ -40,6 +41,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def error_response(error: PlatformError, *, extra: dict[str, object] | None = None) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, AuthenticationFailed) else None
+    if isinstance(error, RateLimited):
+        headers = {"Retry-After": str(error.retry_after)}
     body = {**error.envelope(), **(extra or {})}
     return JSONResponse(body, status_code=error.status_code, headers=headers)
 

@@ -15,9 +15,12 @@ from osmosis_ai.platform.api.deps import PlatformDep, PrincipalDep, WorkspaceDep
 from osmosis_ai.platform.api.objects import CONTENT_TYPE, object_store, url_signer
 from osmosis_ai.platform.api.secrets import secret_box
 from osmosis_ai.platform.api.wire import WireModel
+from osmosis_ai.platform.errors import InvalidRequest
+from osmosis_ai.platform.objects import ObjectNotFound
 from osmosis_ai.platform.services import eval_results as service
 from osmosis_ai.platform.services import work
 from osmosis_ai.platform.services.runs import get_run
+from osmosis_ai.platform.store.orm import EvalImport, Run
 
 router = APIRouter(prefix="/api/cli/eval-runs", tags=["eval results"])
 
@@ -242,8 +245,6 @@ def open_import(
     body: ImportIn, platform: PlatformDep, principal: PrincipalDep, workspace: WorkspaceDep
 ) -> ImportSessionOut:
     if body.schema_version != 1:
-        from osmosis_ai.platform.errors import InvalidRequest
-
         raise InvalidRequest(
             f"schema_version {body.schema_version} is not supported (1 is); upgrade osmosis-ai",
             field="schema_version",
@@ -258,7 +259,12 @@ def open_import(
     )
     with platform.transaction() as session:
         imported = service.open_import(
-            session, workspace, principal.user_id, request, now=platform.now()
+            session,
+            workspace,
+            principal.user_id,
+            request,
+            now=platform.now(),
+            quota_bytes=platform.settings.workspace_quota_bytes,
         )
         run = get_run(session, workspace, "eval", imported.run_id)
         return ImportSessionOut.model_validate(service.import_session(imported, run))
@@ -300,8 +306,6 @@ def import_upload_complete(
     session_id: str, body: CompleteIn, platform: PlatformDep, workspace: WorkspaceDep
 ) -> CompletedOut:
     if body.parts:
-        from osmosis_ai.platform.errors import InvalidRequest
-
         raise InvalidRequest("uploads of a local run are simple PUTs: send no parts", field="parts")
     with platform.transaction() as session:
         imported = service.get_import(session, workspace, session_id)
@@ -316,14 +320,33 @@ def import_finalize(
     workspace: WorkspaceDep,
     body: Annotated[FinalizeIn | None, Body()] = None,
 ) -> FinalizedOut:
-    with platform.transaction() as session:
-        imported = service.get_import(session, workspace, session_id)
-        run = service.finalize_import(session, imported, object_store(platform), now=platform.now())
-        return FinalizedOut(
-            session_id=imported.id,
-            status=imported.status,
-            eval_run_id=run.id,
-            eval_run_name=run.name,
-            run_status=run.status,
-            results=run.results,
-        )
+    store = object_store(platform)
+    try:
+        with platform.transaction() as session:
+            imported = service.get_import(session, workspace, session_id)
+            run = service.finalize_import(session, imported, store, now=platform.now())
+            return _finalized(imported, run)
+    except (InvalidRequest, ObjectNotFound) as exc:
+        # What was uploaded cannot become a run: the run ends failed, saying why.
+        with platform.transaction() as session:
+            imported = service.get_import(session, workspace, session_id)
+            if imported.status == "uploading":
+                service.fail_import(
+                    session,
+                    imported,
+                    store,
+                    reason=f"The import failed: {exc.message}",
+                    now=platform.now(),
+                )
+        raise
+
+
+def _finalized(imported: EvalImport, run: Run) -> FinalizedOut:
+    return FinalizedOut(
+        session_id=imported.id,
+        status=imported.status,
+        eval_run_id=run.id,
+        eval_run_name=run.name,
+        run_status=run.status,
+        results=run.results,
+    )

@@ -200,10 +200,12 @@ def deploy_model(
 
 
 @router.post("/{name}/undeploy")
-def undeploy_model(name: str, platform: PlatformDep, workspace: WorkspaceDep) -> DeploymentOut:
-    """Stop serving the LoRA model (not served: unchanged)."""
+def undeploy_model(
+    name: str, platform: PlatformDep, principal: PrincipalDep, workspace: WorkspaceDep
+) -> DeploymentOut:
+    """Stop serving the LoRA model (not served: unchanged); who deployed it, or an admin."""
     with platform.transaction() as session:
-        model = deployments.undeploy(session, workspace.id, name)
+        model = deployments.undeploy(session, workspace, principal.user_id, name)
         out = DeploymentOut(id=model.id, model_name=model.name, status=deployments.INACTIVE)
     deployments.notify_changed(platform.extras)
     return out

@@ -3,7 +3,9 @@
 The CLI sends ``X-Osmosis-CLI-Version``; answers carry ``X-Osmosis-Version-Status``
 (``current``, ``upgrade_available``, ``deprecated``) and ``X-Osmosis-Version-Message``. A CLI
 older than :data:`MIN_SUPPORTED_CLI_VERSION` gets 426 with the error envelope plus
-``status: "unsupported"`` and the message in the body, before any route runs.
+``status: "unsupported"`` and the message in the body, before any route runs. A header that is
+not a version (longer than :data:`MAX_VERSION_CHARS`, or one ``packaging`` cannot read) is
+400 ``INVALID_CLI_VERSION``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.platform.errors import UpgradeRequired
+from osmosis_ai.platform.errors import InvalidRequest, PlatformError, UpgradeRequired
 
 # The oldest CLI whose calls this platform still answers: the /api/cli contract of 0.3.
 MIN_SUPPORTED_CLI_VERSION = "0.3.0"
@@ -26,6 +28,7 @@ CLI_VERSION_HEADER = "x-osmosis-cli-version"
 STATUS_HEADER = "X-Osmosis-Version-Status"
 MESSAGE_HEADER = "X-Osmosis-Version-Message"
 UPGRADE_HINT = "Run: osmosis upgrade"
+MAX_VERSION_CHARS = 64  # "0.3.10.dev12+g1234abcd" is 22
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,12 @@ class VersionSignal:
 
 def classify(client_version: str, *, server_version: str = PACKAGE_VERSION) -> VersionSignal | None:
     """How ``client_version`` stands against this platform; ``None`` if it is not a version."""
+    text = client_version.strip()
+    if len(text) > MAX_VERSION_CHARS:
+        return None
     try:
-        client = Version(client_version.strip())
-    except InvalidVersion:
+        client = Version(text)
+    except (InvalidVersion, ValueError):  # ValueError: a number past int()'s digit limit
         return None
     if client < Version(MIN_SUPPORTED_CLI_VERSION):
         return VersionSignal(
@@ -75,7 +81,11 @@ class VersionSignalMiddleware:
         signal = None
         for name, value in scope.get("headers", ()):
             if name == CLI_VERSION_HEADER.encode():
-                signal = classify(value.decode("latin-1"))
+                text = value.decode("latin-1")
+                signal = classify(text)
+                if signal is None:
+                    await _send_error(send, _malformed(text), [])
+                    return
                 break
         if signal is None:
             await self.app(scope, receive, send)
@@ -96,6 +106,16 @@ class VersionSignalMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
+def _malformed(text: str) -> InvalidRequest:
+    shown = text if len(text) <= MAX_VERSION_CHARS else text[:MAX_VERSION_CHARS] + "…"
+    return InvalidRequest(
+        f"The {CLI_VERSION_HEADER} header {shown!r} is not a version: send the osmosis-ai "
+        "version, such as 0.3.8, or leave the header out.",
+        code="INVALID_CLI_VERSION",
+        field="X-Osmosis-CLI-Version",
+    )
+
+
 async def _send_upgrade_required(
     send: Send, signal: VersionSignal, headers: list[tuple[bytes, bytes]]
 ) -> None:
@@ -106,7 +126,18 @@ async def _send_upgrade_required(
             "server_version": PACKAGE_VERSION,
         },
     )
-    body = json.dumps({**error.envelope(), "status": signal.status}).encode()
+    await _send_error(send, error, headers, status=signal.status)
+
+
+async def _send_error(
+    send: Send,
+    error: PlatformError,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    status: str | None = None,
+) -> None:
+    envelope = error.envelope()
+    body = json.dumps(envelope if status is None else {**envelope, "status": status}).encode()
     await send(
         {
             "type": "http.response.start",

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from osmosis_ai.platform.store.orm import ROLES, Membership, User, Workspace
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
 _REPO = re.compile(r"^[a-z0-9](?:[a-z0-9._-]*)/[a-z0-9._-]+$")
 _WORKSPACE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,99}$")
+# The roles that may change what any member made (stop or retry a run, replace a dataset…).
+MANAGER_ROLES = ("owner", "admin")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,29 @@ class WorkspaceAccess:
     name: str
     repo_full_name: str
     role: str
+
+
+def require_creator_or_manager(
+    workspace: WorkspaceAccess,
+    user_id: str,
+    creator_id: str | None,
+    *,
+    action: str,
+    what: str,
+    code: str,
+) -> None:
+    """Refuse (403 ``code``) unless ``user_id`` made ``what`` or is a workspace owner or admin.
+
+    The one rule for changing another member's work: ``action`` is the verb (``stop``),
+    ``what`` names the thing (``eval run 'nightly'``).
+    """
+    if creator_id == user_id or workspace.role in MANAGER_ROLES:
+        return
+    raise PermissionDenied(
+        f"Only the creator of {what} or a workspace owner or admin can {action} it; your "
+        f"role in {workspace.name!r} is {workspace.role}.",
+        code=code,
+    )
 
 
 # --- users -----------------------------------------------------------------------------------

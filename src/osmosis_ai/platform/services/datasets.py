@@ -32,7 +32,12 @@ from osmosis_ai.platform.objects import (
     ObjectStore,
     UrlSigner,
 )
-from osmosis_ai.platform.services.accounts import WorkspaceAccess, display_names
+from osmosis_ai.platform.services import storage
+from osmosis_ai.platform.services.accounts import (
+    WorkspaceAccess,
+    display_names,
+    require_creator_or_manager,
+)
 from osmosis_ai.platform.services.paging import CursorPage, Page, check_page, cursor_page
 from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import Dataset, DatasetLog, Upload, User
@@ -53,7 +58,8 @@ PREVIEW_VALUE_CHARS = 2000
 STALE_UPLOAD_GRACE = dt.timedelta(days=1)
 # Files up to this size are processed before ``complete`` answers; larger ones after it.
 INLINE_PROCESSING_BYTES = 16 * 1024 * 1024
-MAX_NAME_LENGTH = 200
+# In bytes: the name is a file name on disk (``<name>.<extension>``, at most 255 bytes).
+MAX_NAME_BYTES = 200
 _BAD_NAME_CHARS = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
@@ -121,9 +127,11 @@ def check_name(name: str) -> str:
         raise InvalidRequest(
             f"file_name {name!r} starts or ends with white space; remove it", field="file_name"
         )
-    if len(name) > MAX_NAME_LENGTH:
+    size = len(name.encode("utf-8", errors="replace"))
+    if size > MAX_NAME_BYTES:
         raise InvalidRequest(
-            f"file_name is {len(name)} characters; the limit is {MAX_NAME_LENGTH}",
+            f"file_name is {size} bytes in UTF-8; the limit is {MAX_NAME_BYTES} bytes (a "
+            "character outside ASCII takes 2 to 4): use a shorter name",
             field="file_name",
         )
     bad = _BAD_NAME_CHARS.search(name)
@@ -160,8 +168,10 @@ def create_dataset(
     signer: UrlSigner,
     base_url: str,
     now: dt.datetime,
+    quota_bytes: int,
 ) -> CreatedDataset:
-    """A new dataset in ``uploading`` and the signed URLs its file goes to."""
+    """A new dataset in ``uploading`` and the signed URLs its file goes to, if the workspace
+    has room for it under ``quota_bytes``."""
     name = check_name(file_name)
     ext = check_extension(extension)
     expire_stale_uploads(session, store, now, workspace_id=workspace.id)
@@ -174,11 +184,21 @@ def create_dataset(
     current = _current_by_name(session, workspace.id, name)
     if current is not None and current.id != overwrite_dataset_id:
         raise DatasetExists(name, current.id)
+    storage.check_room(session, workspace.id, file_size, quota_bytes=quota_bytes)
     if overwrite_dataset_id is not None and current is None:
         raise DatasetNotFound(
             f"overwrite_dataset_id {overwrite_dataset_id!r} is not a dataset named {name!r} in "
             "this workspace; upload without it",
             field="overwrite_dataset_id",
+        )
+    if current is not None:
+        require_creator_or_manager(
+            workspace,
+            user_id,
+            current.creator_id,
+            action="overwrite",
+            what=f"dataset {name!r}",
+            code="DATASET_OVERWRITE_FORBIDDEN",
         )
     dataset = Dataset(
         workspace_id=workspace.id,
@@ -332,13 +352,24 @@ def complete_upload(
 def abort_upload(
     session: Session,
     workspace: WorkspaceAccess,
+    user_id: str,
     dataset_id: str,
     *,
     store: ObjectStore,
     now: dt.datetime,
 ) -> Dataset:
-    """Cancel an upload in flight (idempotent); the dataset ends ``cancelled``."""
+    """Cancel an upload in flight (idempotent); the dataset ends ``cancelled``.
+
+    Only its creator or a workspace owner or admin may."""
     dataset = _by_id(session, workspace.id, dataset_id)
+    require_creator_or_manager(
+        workspace,
+        user_id,
+        dataset.creator_id,
+        action="abort",
+        what=f"the upload of dataset {dataset.file_name!r}",
+        code="DATASET_ABORT_FORBIDDEN",
+    )
     if dataset.status == "cancelled":
         return dataset
     if dataset.status != "uploading":

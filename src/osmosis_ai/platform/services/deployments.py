@@ -26,6 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import Conflict, InvalidRequest
+from osmosis_ai.platform.services.accounts import WorkspaceAccess, require_creator_or_manager
 from osmosis_ai.platform.services.models import MAX_ACTIVE_DEPLOYMENTS, get_lora_model
 from osmosis_ai.platform.settings import PlatformSettings, load_settings
 from osmosis_ai.platform.store.database import Database
@@ -156,9 +157,20 @@ def deploy(
     return model
 
 
-def undeploy(session: Session, workspace_id: str, name: str) -> Model:
-    """Mark LoRA model ``name`` not deployed (already so: unchanged)."""
-    model = get_lora_model(session, workspace_id, name)
+def undeploy(session: Session, workspace: WorkspaceAccess, user_id: str, name: str) -> Model:
+    """Mark LoRA model ``name`` not deployed (already so: unchanged).
+
+    Only who deployed it or a workspace owner or admin may."""
+    model = get_lora_model(session, workspace.id, name)
+    if model.deployment_status != INACTIVE:
+        require_creator_or_manager(
+            workspace,
+            user_id,
+            model.deployed_by,
+            action="undeploy",
+            what=f"the deployment of {name!r}",
+            code="UNDEPLOY_FORBIDDEN",
+        )
     if model.deployment_status != INACTIVE:
         model.deployment_status = INACTIVE
         session.flush()

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.auth import IssuedToken, hash_token, issue_token
@@ -25,6 +25,8 @@ USER_CODE_LENGTH = 8
 DEVICE_CODE_TTL = timedelta(minutes=15)
 POLL_INTERVAL_S = 5
 SLOW_DOWN_STEP_S = 5
+# How long an expired login is kept, so a late poll still hears ``expired_token``.
+EXPIRED_KEPT = timedelta(hours=1)
 
 
 class DeviceFlowError(PlatformError):
@@ -185,3 +187,11 @@ def _pending(session: Session, code: str, *, now: datetime) -> DeviceAuthorizati
             code="DEVICE_CODE_NOT_FOUND",
         )
     return found
+
+
+def delete_expired(session: Session, *, now: datetime) -> int:
+    """Delete logins that expired over :data:`EXPIRED_KEPT` ago (decided or not); how many."""
+    done = session.execute(
+        delete(DeviceAuthorization).where(DeviceAuthorization.expires_at < now - EXPIRED_KEPT)
+    )
+    return int(getattr(done, "rowcount", 0) or 0)

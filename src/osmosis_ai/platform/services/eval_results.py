@@ -22,7 +22,7 @@ import hashlib
 import json
 import re
 import secrets as random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, cast
@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, cast
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
 from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, check_key
+from osmosis_ai.platform.services import storage
+from osmosis_ai.platform.services.accounts import require_creator_or_manager
 from osmosis_ai.platform.services.runs import (
-    MANAGER_ROLES,
     TERMINAL,
     add_log,
     finish,
@@ -52,6 +53,7 @@ DOWNLOAD_EXPIRES_IN = 900
 MAX_DOWNLOAD_ITEMS = 500
 MAX_UPLOAD_PATHS = 100
 IMPORT_EXPIRES = timedelta(days=1)
+ENDED_IMPORTS = ("failed", "expired")  # its run failed; asking again starts a new session
 UPLOAD_EXPIRES_IN = 3600
 CONTENT_TYPE = "application/octet-stream"
 SAMPLE_TYPES = ("metrics", "trajectories", "artifacts", "logs")
@@ -353,12 +355,14 @@ def retry_run(
 ) -> tuple[Run, int]:
     """Queue an ended run again to re-run its failed items; ``(run, items to re-run)``."""
     run = get_run(session, workspace, "eval", name_or_id)
-    if run.creator_id != user_id and workspace.role not in MANAGER_ROLES:
-        raise PermissionDenied(
-            f"Only the creator of eval run {run.name!r} or a workspace owner or admin can "
-            f"retry it; your role in {workspace.name!r} is {workspace.role}.",
-            code="RUN_RETRY_FORBIDDEN",
-        )
+    require_creator_or_manager(
+        workspace,
+        user_id,
+        run.creator_id,
+        action="retry",
+        what=f"eval run {run.name!r}",
+        code="RUN_RETRY_FORBIDDEN",
+    )
     if run.status not in TERMINAL["eval"]:
         raise Conflict(
             f"The eval run {run.name!r} is {run.status}: only a run that ended can be retried.",
@@ -469,6 +473,7 @@ def _check_import(request: ImportRequest) -> None:
             raise InvalidRequest(
                 f"{item.path!r}: a size and a hex SHA-256 are needed", field="files"
             )
+        storage.check_file_size(item.size, name=repr(item.path), field="files")
     for key in ("name", "model_path", "dataset_name", "rollout_name"):
         if not isinstance(request.run.get(key), str) or not request.run.get(key):
             raise InvalidRequest(f"run.{key} is required", field=f"run.{key}")
@@ -481,8 +486,12 @@ def open_import(
     request: ImportRequest,
     *,
     now: datetime,
+    quota_bytes: int,
 ) -> EvalImport:
-    """The import session of this local run (the existing one when asked again)."""
+    """The import session of this local run (the existing one when asked again).
+
+    A new one is refused before anything is made when a file is over the one-file limit or
+    the files would take the workspace past ``quota_bytes``."""
     found = session.scalar(
         select(EvalImport).where(
             EvalImport.workspace_id == workspace.id,
@@ -490,9 +499,15 @@ def open_import(
             EvalImport.manifest_digest == request.manifest_digest,
         )
     )
-    if found is not None:
+    if found is not None and found.status not in ENDED_IMPORTS:
         return found
+    if found is not None:  # it failed or expired: its run stays as history, this starts over
+        session.delete(found)
+        session.flush()
     _check_import(request)
+    storage.check_room(
+        session, workspace.id, sum(f.size for f in request.files), quota_bytes=quota_bytes
+    )
     info = request.run
     threshold = info.get("pass_threshold", 1.0)
     n = info.get("n", 1)
@@ -725,17 +740,67 @@ def finalize_import(
     return run
 
 
+def fail_import(
+    session: Session,
+    imported: EvalImport,
+    store: ObjectStore,
+    *,
+    reason: str,
+    now: datetime,
+    status: str = "failed",
+) -> Run:
+    """End an import that cannot finish: its run ``failed`` with ``reason`` in its log, the
+    files it received dropped. Asking for the same import again starts a new session."""
+    run = session.get(Run, imported.run_id)
+    assert run is not None
+    for item in imported.files:
+        upload_id = item.get("upload_id")
+        if isinstance(upload_id, str):
+            store.abort_upload(upload_id)
+    store.delete_prefix(run_prefix(run.id))
+    imported.status = status
+    if run.status not in TERMINAL["eval"]:
+        finish(run, "failed", now=now)
+        run.error = reason
+    run.updated_at = now
+    add_log(session, run, now, "import", reason, level="error")
+    return run
+
+
+def expire_imports(session: Session, store: ObjectStore, *, now: datetime) -> int:
+    """End every import still uploading after its session expired (:func:`fail_import`)."""
+    expired = list(
+        session.scalars(
+            select(EvalImport).where(EvalImport.status == "uploading", EvalImport.expires_at < now)
+        )
+    )
+    for imported in expired:
+        uploaded = sum(1 for f in imported.files if f.get("state") == "uploaded")
+        fail_import(
+            session,
+            imported,
+            store,
+            reason=(
+                f"The import expired unfinished at {imported.expires_at.isoformat()} "
+                f"({uploaded} of {len(imported.files)} files uploaded); its files were "
+                "dropped. Upload the run again with osmosis eval upload."
+            ),
+            now=now,
+            status="expired",
+        )
+    session.flush()
+    return len(expired)
+
+
 def _imported_samples(
     run: Run, store: ObjectStore, uploaded: set[str], now: datetime
 ) -> list[RunSample]:
     from osmosis_ai.errors import UsageError
     from osmosis_ai.eval.journal import JournalRecord
 
-    with store.open(import_key(run.id, INDEX_PATH)) as handle:
-        lines = handle.read().decode("utf-8", errors="replace").splitlines()
     samples: list[RunSample] = []
     seen: set[tuple[int, int]] = set()
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(_index_lines(store, import_key(run.id, INDEX_PATH)), start=1):
         if not line.strip():
             continue
         try:
@@ -784,6 +849,13 @@ def _imported_samples(
             )
         )
     return samples
+
+
+def _index_lines(store: ObjectStore, key: str) -> Iterator[str]:
+    """The index's lines, read a line at a time (never the whole file at once)."""
+    with store.open(key) as handle:
+        for raw in handle:
+            yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
 def _document(store: ObjectStore, key: str) -> dict[str, object]:

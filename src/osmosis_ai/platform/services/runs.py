@@ -35,9 +35,9 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SecretBox
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
 from osmosis_ai.platform.services import rollouts as rollout_service
-from osmosis_ai.platform.services.accounts import WorkspaceAccess
+from osmosis_ai.platform.services.accounts import WorkspaceAccess, require_creator_or_manager
 from osmosis_ai.platform.services.datasets import dataset_for_run
 from osmosis_ai.platform.services.models import get_base_model
 from osmosis_ai.platform.services.paging import CursorPage, Page, cursor_page, offset_page
@@ -60,7 +60,6 @@ TERMINAL = {
     "eval": frozenset({"finished", "failed", "stopped"}),
     "training": frozenset({"finished", "failed", "crashed", "stopped", "killed", "unknown"}),
 }
-MANAGER_ROLES = ("owner", "admin")
 NAME_ATTEMPTS = 20
 
 _ADJECTIVES = (
@@ -448,12 +447,14 @@ def stop_run(
     Stopping a stopped run answers it as it is; a run that ended otherwise is 409.
     """
     run = get_run(session, workspace, kind, name_or_id)
-    if run.creator_id != user_id and workspace.role not in MANAGER_ROLES:
-        raise PermissionDenied(
-            f"Only the creator of {label(kind)} {run.name!r} or a workspace owner or admin can "
-            f"stop it; your role in {workspace.name!r} is {workspace.role}.",
-            code="RUN_STOP_FORBIDDEN",
-        )
+    require_creator_or_manager(
+        workspace,
+        user_id,
+        run.creator_id,
+        action="stop",
+        what=f"{label(kind)} {run.name!r}",
+        code="RUN_STOP_FORBIDDEN",
+    )
     if run.status == "stopped":
         return run
     if run.status in TERMINAL[kind]:

@@ -23,13 +23,12 @@ from sqlalchemy.orm import Session
 from osmosis_ai.platform.crypto import SecretBox
 from osmosis_ai.platform.errors import InvalidRequest, NotFound, PermissionDenied
 from osmosis_ai.platform.services import accounts
-from osmosis_ai.platform.services.accounts import WorkspaceAccess
+from osmosis_ai.platform.services.accounts import MANAGER_ROLES, WorkspaceAccess
 from osmosis_ai.platform.services.paging import Page, offset_page
 from osmosis_ai.platform.store.orm import Secret
 
 SCOPES = ("workspace", "user")
 LIST_SCOPES = ("all", *SCOPES)
-MANAGER_ROLES = ("owner", "admin")
 MAX_VALUE_BYTES = 64 * 1024
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 

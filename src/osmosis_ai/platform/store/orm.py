@@ -176,6 +176,8 @@ class Token(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Raised by a dashboard sign-out: session cookies minted under an older value are refused.
+    session_generation: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class DeviceAuthorization(Base):

@@ -188,6 +188,7 @@ async def login(request: Request, platform: PlatformDep) -> Response:
             principal = authenticate(
                 db, raw, platform_url=platform.settings.public_url, now=platform.now()
             )
+            generation = session.session_generation(db, principal.token_id)
     except PlatformError as exc:
         return _login(request, platform, error=exc.message, status=401, form=form)
     if principal.email != email:
@@ -198,7 +199,7 @@ async def login(request: Request, platform: PlatformDep) -> Response:
             status=401,
             form=form,
         )
-    value, max_age = session.session_cookie(platform, principal)
+    value, max_age = session.session_cookie(platform, principal, generation=generation)
     answer = RedirectResponse(target, status_code=303, headers={"Cache-Control": "no-store"})
     session.set_cookie(answer, platform, session.SESSION_COOKIE, value, max_age=max_age)
     return answer
@@ -207,6 +208,10 @@ async def login(request: Request, platform: PlatformDep) -> Response:
 @router.post("/logout")
 async def logout(request: Request, platform: PlatformDep) -> Response:
     await session.read_form(request, platform)
+    viewer = session.current_viewer(request, platform)
+    if viewer is not None:  # ended on the server too: a copy of the cookie no longer works
+        with platform.transaction() as db:
+            session.end_sessions(db, viewer.token_id)
     answer = RedirectResponse("/login", status_code=303, headers={"Cache-Control": "no-store"})
     session.clear_session(answer, platform)
     return answer

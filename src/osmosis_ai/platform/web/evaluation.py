@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
 from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
@@ -499,20 +499,21 @@ def artifact_file(
         raise InvalidRequest(
             f"artifact path {path!r} is not a path inside the sample's folder", field="path"
         ) from None
-    with store.open(key) as handle:
-        data = handle.read()
+    info = store.stat(key)  # 404 before any byte is sent; the file streams from disk
     name = path.rsplit("/", 1)[-1]
     suffix = "." + name.rsplit(".", 1)[-1].lower() if "." in name else ""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "artifact"
     if suffix in IMAGE_TYPES:
-        return Response(data, media_type=IMAGE_TYPES[suffix], headers=RAW_HEADERS)
+        return FileResponse(
+            store.path(info.key), media_type=IMAGE_TYPES[suffix], headers=RAW_HEADERS
+        )
     media = (
         "text/plain; charset=utf-8"
         if (mimetypes.guess_type(name)[0] or "").startswith("text/")
         else "application/octet-stream"
     )
-    return Response(
-        data,
+    return FileResponse(
+        store.path(info.key),
         media_type=media,
         headers={**RAW_HEADERS, "Content-Disposition": f'attachment; filename="{safe}"'},
     )

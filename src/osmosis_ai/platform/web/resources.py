@@ -168,6 +168,7 @@ async def start_upload(workspace_name: str, request: Request, platform: Platform
             signer=url_signer(platform),
             base_url=platform.settings.public_url,
             now=platform.now(),
+            quota_bytes=platform.settings.workspace_quota_bytes,
         )
         dataset_id = created.dataset.id
     plan = {k: v for k, v in vars(created.upload).items() if v is not None}

@@ -2,9 +2,11 @@
 
 Signing in takes an account's email and one of its live API tokens, as ``/device`` does. The
 browser then holds a signed session cookie (``HttpOnly``, ``SameSite=Lax``, ``Secure`` when
-the public URL is https, path ``/``) naming the user and the token; revoking or expiring the
-token signs the browser out at its next request. The cookie is signed with the data dir's
-``session.key`` (the key ``/device`` uses), under its own purpose.
+the public URL is https, path ``/``) naming the user, the token and the token's session
+generation; revoking or expiring the token signs the browser out at its next request, and so
+does signing out: it raises the generation, so a copy of the cookie kept from before is
+refused on the server (every browser session of that token ends with it). The cookie is
+signed with the data dir's ``session.key`` (the key ``/device`` uses), under its own purpose.
 
 Every state-changing request carries a CSRF token: ``HMAC(key, cookie)`` of a random value in
 a separate ``HttpOnly`` cookie, sent as the form field ``csrf`` or the ``X-CSRF-Token``
@@ -72,11 +74,17 @@ def _mac(platform: Platform, purpose: str, value: str) -> str:
 # --- the session cookie ------------------------------------------------------------------------
 
 
-def session_cookie(platform: Platform, principal: Principal) -> tuple[str, int]:
-    """The signed cookie value for ``principal`` and its max-age in seconds."""
+def session_cookie(platform: Platform, principal: Principal, *, generation: int) -> tuple[str, int]:
+    """The signed cookie value for ``principal`` (its token at session ``generation``) and
+    its max-age in seconds."""
     now = platform.now()
     expires = min(now + SESSION_LIFETIME, principal.expires_at)
-    payload = {"u": principal.user_id, "t": principal.token_id, "e": int(expires.timestamp())}
+    payload = {
+        "u": principal.user_id,
+        "t": principal.token_id,
+        "e": int(expires.timestamp()),
+        "g": generation,
+    }
     body = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
     return f"{body}.{_mac(platform, 'session', body)}", max(1, int((expires - now).total_seconds()))
 
@@ -91,18 +99,23 @@ def current_viewer(request: Request, platform: Platform) -> Viewer | None:
     try:
         payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         user_id, token_id, expires = str(payload["u"]), str(payload["t"]), int(payload["e"])
+        generation = int(payload["g"])
     except (ValueError, KeyError, TypeError):
         return None
     now = platform.now()
     if expires <= now.timestamp():
         return None
     with platform.read() as db:
-        return _live(db, user_id, token_id, now)
+        return _live(db, user_id, token_id, generation, now)
 
 
-def _live(db: Session, user_id: str, token_id: str, now: datetime) -> Viewer | None:
+def _live(
+    db: Session, user_id: str, token_id: str, generation: int, now: datetime
+) -> Viewer | None:
     token = db.get(Token, token_id)
     if token is None or token.user_id != user_id or token.revoked_at is not None:
+        return None
+    if token.session_generation != generation:  # signed out since this cookie was made
         return None
     if token.expires_at <= now:
         return None
@@ -112,6 +125,19 @@ def _live(db: Session, user_id: str, token_id: str, now: datetime) -> Viewer | N
     return Viewer(
         user_id=user.id, token_id=token.id, email=user.email, name=user.name or user.email
     )
+
+
+def session_generation(db: Session, token_id: str) -> int:
+    """The token's current session generation (what a new cookie carries)."""
+    token = db.get(Token, token_id)
+    return token.session_generation if token is not None else 0
+
+
+def end_sessions(db: Session, token_id: str) -> None:
+    """Sign every browser session of the token out: cookies minted before now are refused."""
+    token = db.get(Token, token_id)
+    if token is not None:
+        token.session_generation += 1
 
 
 def set_cookie(

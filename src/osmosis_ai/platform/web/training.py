@@ -231,7 +231,7 @@ async def deploy_action(workspace_name: str, request: Request, platform: Platfor
                     limit=deployments.max_active_deployments(),
                 )
             else:
-                deployments.undeploy(db, page.workspace.id, model_name)
+                deployments.undeploy(db, page.workspace, page.viewer.user_id, model_name)
     except PlatformError as exc:
         return page.error(exc)
     deployments.notify_changed(platform.extras)
