@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +25,20 @@ from typing import Any
 from osmosis_ai.controller.rollout_process import RolloutServerError, RolloutServerProcess
 from osmosis_ai.distributed.cluster import ClusterError, require_ray
 
-__all__ = ["FleetDirectory", "FleetSpec", "RolloutFleet", "ServerInfo", "ServerState"]
+__all__ = [
+    "SERVER_CPUS",
+    "FleetDirectory",
+    "FleetSpec",
+    "FleetStartCancelled",
+    "RolloutFleet",
+    "ServerInfo",
+    "ServerState",
+]
 
+SERVER_CPUS = 0.25
+"""The logical CPUs a server's actor reserves by default. Its process mostly waits on the
+model and the network; a whole CPU each would leave a small cluster (two servers on a
+two-CPU machine) no room for the trainer workers, which then wait for CPUs forever."""
 _POLL_SEC = 0.2
 _OUTPUT_KEEP = 2000  # lines an actor holds between two polls
 _PLACE_WAIT_SEC = 60.0  # for a node's resources, on top of the server's own start-up
@@ -66,6 +79,11 @@ class ServerState:
     exit_detail: str = ""
     lines: tuple[str, ...] = ()
     actor_gone: bool = False
+
+
+class FleetStartCancelled(Exception):
+    """:meth:`RolloutFleet.start` was asked to stop before every server was up (the servers
+    that did start are stopped again)."""
 
 
 class _ServerHost:
@@ -140,7 +158,9 @@ class RolloutFleet:
         cpus_per_server: the logical CPUs each actor reserves on its node.
     """
 
-    def __init__(self, spec: FleetSpec, servers: int, *, cpus_per_server: float = 1.0) -> None:
+    def __init__(
+        self, spec: FleetSpec, servers: int, *, cpus_per_server: float = SERVER_CPUS
+    ) -> None:
         if servers < 1:
             raise ClusterError(f"a fleet needs at least one rollout server, got {servers}")
         self.spec = spec
@@ -192,13 +212,35 @@ class RolloutFleet:
         nodes.sort(key=lambda n: str(n.get("NodeManagerAddress")))
         return [str(nodes[i % len(nodes)]["NodeID"]) for i in range(self.servers)]
 
-    def start(self) -> list[ServerInfo]:
-        """Start every server (in parallel) and wait until each is healthy."""
+    def start(self, should_stop: Callable[[], bool] | None = None) -> list[ServerInfo]:
+        """Start every server (in parallel) and wait until each is healthy: at most the
+        server's health timeout plus the wait for a node's resources, and only while
+        ``should_stop`` says no (:class:`FleetStartCancelled` when it says yes)."""
         ray = require_ray("a rollout server fleet")
         for node in self.place():
             self._actors.append(self._actor(node, len(self._actors), soft=True))
+        wait = self.spec.health_timeout_sec + _PLACE_WAIT_SEC
+        deadline = time.monotonic() + wait
+        pending = [actor.start.remote() for actor in self._actors]
         try:
-            self.infos = list(ray.get([actor.start.remote() for actor in self._actors]))
+            while True:
+                ready, _ = ray.wait(pending, num_returns=len(pending), timeout=_POLL_SEC)
+                ray.get(ready)  # (a server that failed to start fails the fleet now)
+                if len(ready) == len(pending):
+                    break
+                if should_stop is not None and should_stop():
+                    raise FleetStartCancelled("asked to stop while the rollout servers started")
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"{self.servers - len(ready)} of {self.servers} rollout server(s) were "
+                        f"not up within {wait:.0f}s: the cluster has no "
+                        f"{self.cpus_per_server:g} CPU free for each on its nodes (other work "
+                        "holds it), or the server is slow to start (see its output in the log)"
+                    )
+            self.infos = list(ray.get(pending))
+        except (FleetStartCancelled, ClusterError):
+            self.stop()
+            raise
         except Exception as exc:
             self.stop()
             raise _start_error(exc) from exc

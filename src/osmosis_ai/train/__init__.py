@@ -16,6 +16,8 @@ _EXPORTS: dict[str, str] = {
     "EvalSummary": "osmosis_ai.train.events",
     "NoRewardError": "osmosis_ai.train.errors",
     "OutOfMemoryError": "osmosis_ai.train.errors",
+    "PlacementError": "osmosis_ai.train.errors",
+    "RayTrainError": "osmosis_ai.train.errors",
     "TokenFidelityError": "osmosis_ai.train.errors",
     "TrainRunOptions": "osmosis_ai.train.plan",
     "TrainRunResult": "osmosis_ai.train.events",
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from osmosis_ai.train.demo import run_demo as run_demo
     from osmosis_ai.train.errors import NoRewardError as NoRewardError
     from osmosis_ai.train.errors import OutOfMemoryError as OutOfMemoryError
+    from osmosis_ai.train.errors import PlacementError as PlacementError
+    from osmosis_ai.train.errors import RayTrainError as RayTrainError
     from osmosis_ai.train.errors import TokenFidelityError as TokenFidelityError
     from osmosis_ai.train.errors import TrainingError as TrainingError
     from osmosis_ai.train.events import EvalSummary as EvalSummary
@@ -47,6 +51,8 @@ __all__ = [
     "EvalSummary",
     "NoRewardError",
     "OutOfMemoryError",
+    "PlacementError",
+    "RayTrainError",
     "TokenFidelityError",
     "TrainRunOptions",
     "TrainRunResult",

@@ -3,7 +3,11 @@
 TrainingError            the run failed while it ran (rollouts, rewards, the update)
 ├── TokenFidelityError   recorded token data cannot make a faithful training row
 ├── NoRewardError        a whole step came back without one usable reward
-└── OutOfMemoryError     a training batch did not fit: the message names the sizes
+├── OutOfMemoryError     a training batch did not fit: the message names the sizes
+├── PlacementError       the Ray cluster can never hold the trainer workers and rollout
+│                        servers asked for: the message names both sides
+└── RayTrainError        Ray Train's controller ended the run (the worker group did not
+                         start, the workers failed past max_failures, …)
 """
 
 from __future__ import annotations
@@ -26,3 +30,19 @@ class NoRewardError(TrainingError):
 
 class OutOfMemoryError(TrainingError):
     """The device ran out of memory on a training batch."""
+
+
+class PlacementError(TrainingError):
+    """A run on Ray asked for more than the cluster has, on any node arrangement: the
+    message names what was asked (trainer workers and rollout servers, each's resources)
+    and what the cluster has (nodes, CPUs, GPUs)."""
+
+
+class RayTrainError(TrainingError):
+    """Ray Train's controller ended the run with an error; ``ray_error`` names Ray's
+    (``WorkerGroupStartupTimeoutError``, ``WorkerGroupError``, …)."""
+
+    def __init__(self, message: str, *, ray_error: str) -> None:
+        super().__init__(message)
+        self.ray_error = ray_error
+

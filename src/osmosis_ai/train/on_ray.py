@@ -19,24 +19,37 @@ on one machine.
 A trainer worker that dies ends the worker group; Ray Train's ``FailureConfig`` starts a new
 one, which resumes from the last resumable state (logged as a restart); a node that left
 takes its worker with it the same way, and the new group is placed on the nodes there are
-then (Ray waits for room when there is none).
+then.
+
+Nothing waits on placement for ever. A cluster started here declares the logical CPUs the
+asked topology needs; on a cluster given by address, a request no arrangement of its nodes
+can hold fails at once (:class:`~osmosis_ai.train.errors.PlacementError`). A worker group
+that does not get its resources within Ray Train's start deadline
+(``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, 60 s by default) ends the run, as does any other
+error of Ray Train's controller (:class:`~osmosis_ai.train.errors.RayTrainError`): the
+controller does not retry on its own, and the driver watches it (:mod:`.ray_watch`) while it
+waits. A Ctrl-C before the first step ends the run at once (there is nothing to save); after
+it, the workers finish the step and save.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from osmosis_ai.train import engine
 from osmosis_ai.train.collect import StepStats
-from osmosis_ai.train.errors import TrainingError
-from osmosis_ai.train.events import TrainEvent, ValidationEvent
+from osmosis_ai.train.errors import PlacementError, RayTrainError, TrainingError
+from osmosis_ai.train.events import StepEvent, TrainEvent, ValidationEvent
 from osmosis_ai.train.plan import RayPlacement, TrainPlan, check_split
 from osmosis_ai.train.ray_fleet import FleetOwner, TrainingFleet
 from osmosis_ai.train.rundir import RunDir
@@ -61,6 +74,11 @@ class Session(FleetOwner, Protocol):
 
 _FEATURE = "osmosis train run --ray"
 _POLL_SEC = 0.25
+_FIT_ERROR_GRACE_SEC = 10.0  # for fit() to hand over the error its controller ended with
+_ABORT_SEC = 5.0  # for fit() to return once its controller was killed
+_HANDLE_WAIT_SEC = 10.0  # for a controller that is starting to say who it is
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+START_TIMEOUT_DEFAULT_SEC = 60.0  # Ray Train's own default for it
 
 
 @dataclass(frozen=True)
@@ -110,38 +128,162 @@ def cluster_has_gpus() -> bool:
     return float(ray.cluster_resources().get("GPU", 0)) > 0
 
 
+@dataclass(frozen=True)
+class Ask:
+    """What a run places on the cluster: ``workers`` trainer workers of ``worker``
+    resources each, ``servers`` rollout servers of ``server_cpus`` each, and on GPUs the
+    vLLM engine (one CPU, one GPU)."""
+
+    workers: int
+    servers: int
+    gpu: bool
+    server_cpus: float
+    worker: dict[str, float] = field(default_factory=dict[str, float])
+
+    def items(self) -> list[tuple[str, dict[str, float]]]:
+        """Each placed thing: its kind and its resources."""
+        engine = [("vLLM engine", {"CPU": 1.0, "GPU": 1.0})] if self.gpu else []
+        return [
+            *[("trainer worker", self.worker)] * self.workers,
+            *engine,
+            *[("rollout server", {"CPU": self.server_cpus})] * self.servers,
+        ]
+
+    def describe(self) -> str:
+        parts = [
+            f"{self.workers} trainer worker(s) × {_amounts(self.worker)}",
+            f"{self.servers} rollout server(s) × {_amounts({'CPU': self.server_cpus})}",
+        ]
+        if self.gpu:
+            parts.append("a vLLM engine × 1 CPU, 1 GPU")
+        total = {"CPU": 0.0, "GPU": 0.0}
+        for _, need in self.items():
+            for key in total:
+                total[key] += need.get(key, 0.0)
+        return f"{' and '.join(parts)} ({_amounts(total, always=True)} in all)"
+
+
+def _amounts(resources: dict[str, float], *, always: bool = False) -> str:
+    shown = [
+        f"{resources.get(key, 0.0):g} {key}"
+        for key in ("CPU", "GPU")
+        if always or resources.get(key, 0.0)
+    ]
+    return ", ".join(shown) or "nothing"
+
+
+def local_cpus(placement: RayPlacement) -> int:
+    """The logical CPUs a cluster started here declares: this machine's, or what the asked
+    topology needs when that is more (a one-node cluster: ``0`` means one of each)."""
+    from osmosis_ai.distributed.fleet import SERVER_CPUS
+
+    workers = placement.trainer_workers or 1
+    servers = placement.rollout_servers or 1
+    need = workers * _worker_resources(False)["CPU"] + servers * SERVER_CPUS
+    return max(os.cpu_count() or 1, math.ceil(need))
+
+
+def check_fits(ask: Ask, address: str, nodes: list[dict[str, Any]]) -> None:
+    """Raise :class:`PlacementError` when no arrangement of ``nodes`` (Ray's records of the
+    cluster's live nodes) holds ``ask``: each item goes, largest first, to the node with the
+    most room left that fits it (the nodes' whole resources: what other work holds now only
+    delays the start)."""
+    sizes = [
+        {key: float(node.get("Resources", {}).get(key, 0.0)) for key in ("CPU", "GPU")}
+        for node in nodes
+    ]
+    room = [dict(size) for size in sizes]
+    items = sorted(ask.items(), key=lambda i: (i[1].get("GPU", 0.0), i[1].get("CPU", 0.0)))
+    misfit = ""
+    for kind, need in reversed(items):
+        fitting = [r for r in room if all(r[k] + 1e-9 >= v for k, v in need.items())]
+        if not fitting:
+            misfit = f"a {kind}, {_amounts(need)}"
+            break
+        best = max(fitting, key=lambda r: (r["CPU"], r["GPU"]))
+        for key, value in need.items():
+            best[key] -= value
+    if not misfit:
+        return
+    totals = {key: sum(size[key] for size in sizes) for key in ("CPU", "GPU")}
+    largest = max(sizes, key=lambda r: (r["CPU"], r["GPU"]), default={"CPU": 0.0, "GPU": 0.0})
+    raise PlacementError(
+        f"this run asks the Ray cluster at {address} for {ask.describe()}, and the cluster "
+        f"cannot hold it (no node has room left for {misfit}): it has "
+        f"{len(sizes)} node(s) with {_amounts(totals, always=True)} in all (the largest "
+        f"{_amounts(largest, always=True)}). Ask for fewer trainer workers (--trainer-workers) "
+        "or rollout servers (--rollout-servers), or add nodes to the cluster"
+    )
+
+
+class _StoppedEarly(Exception):
+    """A stop request (Ctrl-C) came before the first step: the run ends at once."""
+
+
 def train_on_ray(run: Session, worker: type[Any]) -> str:
     """The driver's side of a run on Ray; returns its status as ``runner._Run._train`` does."""
-    from osmosis_ai.distributed.cluster import connect, require_ray
+    from osmosis_ai.distributed.cluster import LOCAL, connect, require_ray
 
     require_ray(_FEATURE)
     plan = run.plan
     placement = plan.ray
     assert placement is not None
-    _warm_up_here(run)
-    connection = connect(placement.address)
+    local = (placement.address or LOCAL).strip() == LOCAL
+    connection = connect(placement.address, num_cpus=local_cpus(placement) if local else None)
     try:
-        return _place(run, worker, placement)
+        ask = _ask(run, placement)
+        check_fits(ask, connection.address, alive_nodes())
+        _warm_up_here(run)
+        if run.stop.requested:
+            raise _StoppedEarly
+        return _place(run, worker, ask)
+    except _StoppedEarly:
+        return _ended_early(run)
     finally:
         connection.close()
 
 
-def _place(run: Session, worker: type[Any], placement: RayPlacement) -> str:
+def _ask(run: Session, placement: RayPlacement) -> Ask:
+    from osmosis_ai.distributed.fleet import SERVER_CPUS
+
     plan = run.plan
-    completions = plan.batch * plan.group
-    workers = resolve_workers(placement, completions)
     gpu = cluster_has_gpus() and (plan.options.device or "cuda").startswith("cuda")
-    servers = placement.rollout_servers or len(alive_nodes())
-    run.stage(
-        f"Ray cluster: {len(alive_nodes())} node(s); {workers} trainer worker(s) "
-        f"({'NCCL on GPUs' if gpu else 'gloo on CPU'}) over {servers} rollout server(s)"
+    return Ask(
+        workers=resolve_workers(placement, plan.batch * plan.group),
+        servers=placement.rollout_servers or len(alive_nodes()),
+        gpu=gpu,
+        server_cpus=SERVER_CPUS,
+        worker=_worker_resources(gpu),
     )
-    fleet = TrainingFleet(run, servers)
+
+
+def _ended_early(run: Session) -> str:
+    """A run stopped before its first step here: its steps are those of earlier runs."""
+    records = run.rundir.read_metrics()
+    run.rewards = [r.get("training_reward") for r in records]
+    run.steps_done = int(records[-1]["step"]) if records else 0
+    run.stage("interrupted before the first step of this run: nothing new to save")
+    return "interrupted"
+
+
+def _place(run: Session, worker: type[Any], ask: Ask) -> str:
+    from osmosis_ai.distributed.fleet import FleetStartCancelled
+
+    run.stage(
+        f"Ray cluster: {len(alive_nodes())} node(s); {ask.workers} trainer worker(s) "
+        f"({'NCCL on GPUs' if ask.gpu else 'gloo on CPU'}) over {ask.servers} rollout server(s)"
+    )
+    fleet = TrainingFleet(run, ask.servers)
     vllm = None
     try:
-        fleet.start()
-        vllm = start_vllm(run) if gpu else None
-        return _fit(run, worker, workers, gpu, vllm=vllm, fleet=fleet)
+        try:
+            fleet.start(should_stop=lambda: run.stop.requested)
+        except FleetStartCancelled as exc:
+            raise _StoppedEarly from exc
+        if run.stop.requested:
+            raise _StoppedEarly
+        vllm = start_vllm(run) if ask.gpu else None
+        return _fit(run, worker, ask, vllm=vllm, fleet=fleet)
     finally:
         if vllm is not None:
             with contextlib.suppress(Exception):
@@ -162,16 +304,19 @@ def _warm_up_here(run: Session) -> None:
     run.model = run.tokenizer = None
 
 
-def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any, fleet: Any) -> str:
+def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: TrainingFleet) -> str:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Queue
 
+    from osmosis_ai.train.ray_watch import ControllerLookout, FitWatch
+
     plan, rundir = run.plan, run.rundir
     placement = plan.ray
     assert placement is not None
     events = Queue(actor_options={"num_cpus": 0})
+    watch: Any = ray.remote(FitWatch).options(num_cpus=0).remote()  # pyright: ignore[reportAttributeAccessIssue]
     spec = WorkerSpec(
         plan=replace(plan, options=replace(plan.options, stop=None, environ=None)),
         events=events,
@@ -183,31 +328,41 @@ def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any,
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"spec": spec},
-        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+        torch_config=TorchConfig(backend="nccl" if ask.gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=workers,
-            use_gpu=gpu,
-            resources_per_worker=_worker_resources(gpu),
+            num_workers=ask.workers,
+            use_gpu=ask.gpu,
+            resources_per_worker=ask.worker,
             # GPUs: workers together on a node talk over NVLink; CPUs: a node each
-            placement_strategy="PACK" if gpu else "SPREAD",
+            placement_strategy="PACK" if ask.gpu else "SPREAD",
         ),
         run_config=RunConfig(
             name=f"osmosis-{plan.run_name}",
             storage_path=str(rundir.path / "ray"),
-            failure_config=FailureConfig(max_failures=placement.max_failures),
+            # a controller error (the group did not start in time, …) ends the run rather
+            # than being retried for ever; trainer workers that fail restart max_failures times
+            failure_config=FailureConfig(
+                max_failures=placement.max_failures, controller_failure_limit=0
+            ),
+            callbacks=[ControllerLookout(watch)],  # pyright: ignore[reportArgumentType]
         ),
     )
-    pump = _Pump(run, events)
+    pump = _Pump(run, events, on_first_step=fleet.steps_begun.set)
     pump.start()
+    run.stage(
+        f"placing {ask.workers} trainer worker(s) × {_amounts(ask.worker)} with Ray Train "
+        f"(they get {_start_timeout():g}s to be placed: {START_TIMEOUT_ENV})"
+    )
     try:
-        result = _fit_aside(trainer)
+        result = _await_fit(run, trainer, watch, pump, ask)
     finally:
         pump.stop()
-        with contextlib.suppress(Exception):
-            ray.kill(events.actor)  # pyright: ignore[reportArgumentType]
+        for actor in (events.actor, watch):
+            with contextlib.suppress(Exception):
+                ray.kill(actor)  # pyright: ignore[reportArgumentType]
     error = getattr(result, "error", None)
     if error is not None:
-        raise TrainingError(f"the trainer workers failed: {error}") from error
+        raise _ray_train_error(error, ask) from error
     records = rundir.read_metrics()
     run.rewards = [r.get("training_reward") for r in records]
     run.steps_done = int(records[-1]["step"]) if records else 0
@@ -217,11 +372,20 @@ def _fit(run: Session, worker: type[Any], workers: int, gpu: bool, *, vllm: Any,
     return pump.finished.status
 
 
-def _fit_aside(trainer: Any) -> Any:
-    """``trainer.fit()`` in a thread of its own while this (main) thread waits: called from
-    the main thread, Ray Train puts in its own SIGINT handler, which aborts the workers at
-    once; here the run's own stays, so a first Ctrl-C finishes the step and saves (the
-    stop reaches the workers through the fleet's directory) and a second one quits."""
+def _start_timeout() -> float:
+    try:
+        return float(os.environ.get(START_TIMEOUT_ENV, "") or START_TIMEOUT_DEFAULT_SEC)
+    except ValueError:
+        return START_TIMEOUT_DEFAULT_SEC
+
+
+def _await_fit(run: Session, trainer: Any, watch: Any, pump: _Pump, ask: Ask) -> Any:
+    """``trainer.fit()`` in a thread of its own while this (main) thread waits on it and on
+    the controller's watch: called from the main thread, Ray Train puts in its own SIGINT
+    handler, which aborts the workers at once; here the run's own stays, so a first Ctrl-C
+    finishes the step and saves (the stop reaches the workers through the fleet's
+    directory; before the first step it aborts the controller and ends the run) and a
+    second one quits. A controller that errored ends the run as soon as it is seen."""
     outcome: dict[str, Any] = {}
 
     def fit() -> None:
@@ -232,11 +396,79 @@ def _fit_aside(trainer: Any) -> Any:
 
     thread = threading.Thread(target=fit, name="osmosis-ray-fit", daemon=True)
     thread.start()
+    placed = False
     while thread.is_alive():
         thread.join(_POLL_SEC)  # (a timeout: the main thread keeps taking signals)
+        if not thread.is_alive():
+            break
+        seen = _read(watch)
+        if seen is not None and seen.running_since and not placed:
+            placed = True
+            run.stage(f"trainer workers placed: {ask.workers}")
+        if seen is not None and seen.failed is not None:
+            thread.join(_FIT_ERROR_GRACE_SEC)  # fit() hands over the error itself, or:
+            if thread.is_alive():
+                raise RayTrainError(
+                    _ray_train_message(seen.failed, seen.detail, ask), ray_error=seen.failed
+                )
+            break
+        if run.stop.requested and not pump.stepped:
+            _abort(watch, seen)
+            thread.join(_ABORT_SEC)
+            raise _StoppedEarly
     if "error" in outcome:
-        raise outcome["error"]
+        error: BaseException = outcome["error"]
+        if isinstance(error, TrainingError):
+            raise error
+        raise _ray_train_error(error, ask) from error
     return outcome["result"]
+
+
+def _read(watch: Any) -> Any:
+    """The watch's last sighting of the controller (``None``: the watch did not answer)."""
+    import ray
+
+    try:
+        return ray.get(watch.read.remote(), timeout=5.0)
+    except Exception:
+        return None
+
+
+def _abort(watch: Any, seen: Any) -> None:
+    """End Ray Train's controller and, with it, the worker group it owns (waiting a moment
+    for the controller's handle when it has only just been asked to start). Killed, not
+    asked: while it waits for the group's resources it answers no call."""
+    import ray
+
+    deadline = time.monotonic() + _HANDLE_WAIT_SEC
+    while (seen is None or seen.controller is None) and time.monotonic() < deadline:
+        time.sleep(_POLL_SEC)
+        seen = _read(watch)
+    if seen is not None and seen.controller is not None:
+        with contextlib.suppress(Exception):
+            ray.kill(seen.controller, no_restart=True)
+
+
+def _ray_train_error(error: BaseException, ask: Ask) -> RayTrainError:
+    from osmosis_ai.train.ray_watch import ray_error_of
+
+    cause = ray_error_of(error)
+    name = type(cause).__name__
+    return RayTrainError(_ray_train_message(name, str(cause), ask), ray_error=name)
+
+
+def _ray_train_message(name: str, detail: str, ask: Ask) -> str:
+    lines = detail.strip().splitlines()
+    shown = "\n".join(lines[:12]) + ("\n…" if len(lines) > 12 else "")
+    message = f"Ray Train ended the run with {name}: {shown}"
+    if name == "WorkerGroupStartupTimeoutError":
+        message += (
+            f"\nThe {ask.workers} trainer worker(s) × {_amounts(ask.worker)} did not get their "
+            f"resources within {_start_timeout():g}s ({START_TIMEOUT_ENV}): other work holds "
+            "the cluster's resources. Free them, add nodes, or ask for fewer trainer workers "
+            "(--trainer-workers)"
+        )
+    return message
 
 
 def _worker_resources(gpu: bool) -> dict[str, float]:
@@ -251,13 +483,18 @@ def _latest_per_step(summaries: list[Any], last: int) -> list[Any]:
 
 
 class _Pump:
-    """Relays worker 0's events to the driver's sink, in a thread while ``fit`` runs."""
+    """Relays worker 0's events to the driver's sink, in a thread while ``fit`` runs;
+    ``stepped``: a step's event came (from then on, a stop request finishes a step)."""
 
-    def __init__(self, run: Session, events: Any) -> None:
+    def __init__(
+        self, run: Session, events: Any, on_first_step: Callable[[], object] | None = None
+    ) -> None:
         self.run = run
         self.events = events
         self.validations: list[Any] = []
         self.finished: Finished | None = None
+        self.stepped = False
+        self._on_first_step = on_first_step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="osmosis-ray-events", daemon=True)
 
@@ -291,6 +528,10 @@ class _Pump:
             self.finished = item
             return
         event: TrainEvent = item
+        if isinstance(event, StepEvent) and not self.stepped:
+            self.stepped = True
+            if self._on_first_step is not None:
+                self._on_first_step()
         if isinstance(event, ValidationEvent):
             self.validations.append(event.summary)
         self.run.emit(event)

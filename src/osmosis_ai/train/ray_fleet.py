@@ -11,8 +11,10 @@ the fleet whole in a thread of its own while the workers train:
   dispatchers notice the dead server on their own). A server whose process died under its
   live actor is replaced on a live node; one that went with its node is dropped with it;
 * a node that joins the cluster gets a server of its own, used from the next step on;
-* a stop request on the driver (Ctrl-C, SIGTERM, a platform's stop) reaches the workers,
-  which agree on the step to stop after, save, and end as on one machine.
+* a stop request on the driver (Ctrl-C, SIGTERM, a platform's stop) reaches the workers
+  once their steps have begun (:attr:`TrainingFleet.steps_begun`; before that the driver
+  ends the run itself), and they agree on the step to stop after, save, and end as on one
+  machine.
 
 Replacements are capped (``2 × R`` in a run), so a server that fails at every start ends as
 a clear error in the log rather than a loop.
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -76,15 +79,17 @@ class TrainingFleet:
         self._stop_sent = False
         self._said_no_more = False
         self._replaced: set[int] = set()  # dead servers already replaced (or given up on)
+        self.steps_begun = threading.Event()  # set by the driver when a first step ended
 
     # -- start and stop ----------------------------------------------------------------------
 
-    def start(self) -> list[str]:
-        """Start every server and the directory; returns the servers' URLs."""
+    def start(self, should_stop: Callable[[], bool] | None = None) -> list[str]:
+        """Start every server and the directory; returns the servers' URLs
+        (:class:`~osmosis_ai.distributed.fleet.FleetStartCancelled` once ``should_stop``)."""
         import ray
 
         self.run.stage(f"starting {self.wanted} rollout server(s) across the cluster")
-        for info in self.fleet.start():
+        for info in self.fleet.start(should_stop):
             self._announce(info, "started")
         self.directory = ray.remote(FleetDirectory).options(num_cpus=0).remote()
         self._publish()
@@ -126,7 +131,8 @@ class TrainingFleet:
         try:
             while True:
                 await asyncio.sleep(_KEEP_EVERY_SEC)
-                if self.run.stop.requested and not self._stop_sent:
+                stopping = self.run.stop.requested and self.steps_begun.is_set()
+                if stopping and not self._stop_sent:
                     self._stop_sent = True
                     await asyncio.to_thread(self._pass_stop)
                 await asyncio.to_thread(self.maintain)
