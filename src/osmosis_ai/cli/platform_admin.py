@@ -31,9 +31,31 @@ def add_store_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_isolation_options(parser: argparse.ArgumentParser) -> None:
+    """``--single-tenant`` and ``--keys-dir``: for the commands that run or serve runs."""
+    parser.add_argument(
+        "--single-tenant",
+        action="store_true",
+        default=None,
+        help="run workspace code uncontained, with the worker's user and environment: only "
+        "when every workspace on this platform is trusted (default: contained in bubblewrap, "
+        "refusing to start where that is not possible; or $OSMOSIS_PLATFORM_SINGLE_TENANT=1)",
+    )
+    parser.add_argument(
+        "--keys-dir",
+        metavar="DIR",
+        help="where secrets.key, signing.key, session.key and serving.key live, outside the "
+        "data dir (default: the data dir, or $OSMOSIS_PLATFORM_KEYS_DIR)",
+    )
+
+
 def settings_from(args: argparse.Namespace, **overrides: object) -> PlatformSettings:
     from osmosis_ai.platform.settings import load_settings
 
+    if getattr(args, "single_tenant", None):
+        overrides.setdefault("single_tenant", True)
+    if getattr(args, "keys_dir", None):
+        overrides.setdefault("keys_dir", args.keys_dir)
     return load_settings(
         data_dir=args.data_dir,
         database_url=args.database_url,

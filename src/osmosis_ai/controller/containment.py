@@ -304,7 +304,7 @@ def _write_map(pid: int, name: str, outside: int) -> None:
 
 
 def _clean(path: str | Path) -> str:
-    return os.path.normpath(os.path.abspath(str(path)))
+    return os.path.realpath(str(path))  # bwrap mounts on the resolved path
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:

@@ -53,7 +53,11 @@ def serve(settings: PlatformSettings, *, log_level: str = "info") -> None:
 
     app = create_platform_app(settings)
     settings.save()
-    uvicorn.Server(server_config(app, settings, log_level=log_level)).run()
+    settings.secure()  # the data dir 0700, the database and settings files 0600
+    config = server_config(app, settings, log_level=log_level)
+    # Which isolation runs get (also in /api/health), once at start.
+    logging.getLogger("uvicorn.error").info("Isolation: %s", settings.isolation)
+    uvicorn.Server(config).run()
 
 
 def server_config(app: ASGIApp, settings: PlatformSettings, *, log_level: str = "info") -> Config:

@@ -1,8 +1,9 @@
 """Where a self-hosted platform keeps its state, and the address it is reached at.
 
-One data dir (default ``~/.osmosis/platform``) holds the SQLite database, the object store,
-the Git mirrors, the keys (:mod:`osmosis_ai.platform.crypto`) and ``settings.json`` (the
-public URL the server last ran at, so admin commands scope tokens to it).
+One data dir (default ``~/.osmosis/platform``, kept 0700) holds the SQLite database, the
+object store, the Git mirrors, the keys (:mod:`osmosis_ai.platform.crypto`; ``keys_dir``
+keeps them elsewhere) and ``settings.json`` (the public URL the server last ran at, so admin
+commands scope tokens to it).
 PostgreSQL replaces the SQLite file when a database URL is given. Standard library only.
 """
 
@@ -24,6 +25,11 @@ DATABASE_URL_ENV = "OSMOSIS_PLATFORM_DATABASE_URL"
 GIT_REFRESH_ENV = "OSMOSIS_PLATFORM_GIT_REFRESH_S"
 MAX_BODY_ENV = "OSMOSIS_PLATFORM_MAX_BODY_BYTES"
 QUOTA_ENV = "OSMOSIS_PLATFORM_WORKSPACE_QUOTA_BYTES"
+SINGLE_TENANT_ENV = "OSMOSIS_PLATFORM_SINGLE_TENANT"
+KEYS_DIR_ENV = "OSMOSIS_PLATFORM_KEYS_DIR"
+SANDBOX_UID_ENV = "OSMOSIS_PLATFORM_SANDBOX_UID"
+DEFAULT_SANDBOX_UID = 65534  # nobody: the uid workspace code runs as, for a root worker
+KEY_FILES = ("secrets.key", "signing.key", "session.key", "serving.key")
 # The largest request body the API and dashboard read (uploads go through signed URLs).
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MAX_BODY_RANGE = (1024, 1024**3)
@@ -47,6 +53,19 @@ class PlatformSettings:
     git_refresh_s: float = DEFAULT_GIT_REFRESH_S  # 0: every listing fetches
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     workspace_quota_bytes: int = DEFAULT_WORKSPACE_QUOTA_BYTES
+    single_tenant: bool = False  # run workspace code uncontained (every workspace trusted)
+    keys_dir: Path | None = None  # where the key files live, when not in the data dir
+    sandbox_uid: int = DEFAULT_SANDBOX_UID
+
+    @property
+    def key_dir(self) -> Path:
+        """The folder of ``secrets.key``, ``signing.key``, ``session.key``, ``serving.key``."""
+        return self.keys_dir or self.data_dir
+
+    @property
+    def isolation(self) -> str:
+        """What contains workspace code here, as ``serve`` prints and ``/api/health`` says."""
+        return "single-tenant (none)" if self.single_tenant else "bubblewrap"
 
     @property
     def objects_dir(self) -> Path:
@@ -61,8 +80,19 @@ class PlatformSettings:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         path = self.data_dir / SETTINGS_FILE
         temp = path.with_suffix(".tmp")
-        temp.write_text(json.dumps({"public_url": self.public_url}, indent=2) + "\n")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps({"public_url": self.public_url}, indent=2) + "\n")
         temp.replace(path)
+
+    def secure(self) -> None:
+        """The data dir owner-only (0700), its database and settings files 0600."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+        for name in (SQLITE_FILE, f"{SQLITE_FILE}-wal", f"{SQLITE_FILE}-shm", SETTINGS_FILE):
+            path = self.data_dir / name
+            if path.is_file():
+                os.chmod(path, 0o600)
 
 
 def load_settings(
@@ -76,10 +106,14 @@ def load_settings(
     git_refresh_s: float | None = None,
     max_body_bytes: int | None = None,
     workspace_quota_bytes: int | None = None,
+    single_tenant: bool | None = None,
+    keys_dir: str | Path | None = None,
 ) -> PlatformSettings:
     """Settings from arguments, then the environment, then the data dir's ``settings.json``.
 
-    Without a public URL anywhere, it is ``http://HOST:PORT``. The server passes
+    Without a public URL anywhere, it is ``http://HOST:PORT``. ``single_tenant`` and
+    ``keys_dir`` fall back to :data:`SINGLE_TENANT_ENV` (``1``/``true``) and
+    :data:`KEYS_DIR_ENV`. The server passes
     ``use_saved_public_url=False``: it is where it runs now, not where it ran last.
     """
     root = Path(data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).expanduser()
@@ -110,7 +144,38 @@ def load_settings(
             (1, 1 << 60),
             "--workspace-quota-bytes",
         ),
+        single_tenant=_single_tenant(single_tenant),
+        keys_dir=_keys_dir(keys_dir),
+        sandbox_uid=_sandbox_uid(),
     )
+
+
+def _single_tenant(value: bool | None) -> bool:
+    if value is not None:
+        return value
+    text = os.environ.get(SINGLE_TENANT_ENV, "").strip().lower()
+    if text in ("", "0", "false", "no"):
+        return False
+    if text in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"{SINGLE_TENANT_ENV}={text!r} is not 1 or 0 (true or false).")
+
+
+def _keys_dir(value: str | Path | None) -> Path | None:
+    text = str(value) if value else os.environ.get(KEYS_DIR_ENV, "").strip()
+    return Path(text).expanduser().resolve() if text else None
+
+
+def _sandbox_uid() -> int:
+    text = os.environ.get(SANDBOX_UID_ENV, "").strip()
+    if not text:
+        return DEFAULT_SANDBOX_UID
+    if not text.isdigit() or int(text) == 0:
+        raise ConfigError(
+            f"{SANDBOX_UID_ENV}={text!r} is not an unprivileged uid: give a number above 0 "
+            f"that no service runs as (default {DEFAULT_SANDBOX_UID}, nobody)."
+        )
+    return int(text)
 
 
 def _byte_count(

@@ -7,7 +7,12 @@ import argparse
 
 from osmosis_ai.cli.errors import CLIUsageError
 from osmosis_ai.cli.output import Context, OperationResult, Result
-from osmosis_ai.cli.platform_admin import add_store_options, platform_errors, settings_from
+from osmosis_ai.cli.platform_admin import (
+    add_isolation_options,
+    add_store_options,
+    platform_errors,
+    settings_from,
+)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_WORKERS = 64
@@ -15,6 +20,7 @@ MAX_WORKERS = 64
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_store_options(parser)
+    add_isolation_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port to bind (default 8480)")
     parser.add_argument(
@@ -81,10 +87,18 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             f"Serving on {settings.host} over plain HTTP: tokens cross the network in clear "
             "text. Put a TLS proxy in front and pass its address as --public-url.",
         )
+    if settings.single_tenant:
+        ctx.warn(
+            "PLATFORM_SINGLE_TENANT",
+            "Isolation: single-tenant (none): workspace code runs with the workers' user and "
+            "environment, and can read the keys and the database. Only for trusted workspaces.",
+        )
     with platform_errors():
         if args.workers:  # a refused database stops the start before any worker is started
             from osmosis_ai.platform.store.database import open_database
+            from osmosis_ai.platform.worker.runner import Worker
 
+            Worker(settings).check_isolation()  # refused here, naming the fix
             open_database(settings).dispose()
         with WorkerProcesses(settings, args.workers):
             serve(settings, log_level=args.log_level)
@@ -95,6 +109,7 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             "public_url": settings.public_url,
             "data_dir": str(settings.data_dir),
             "workers": args.workers,
+            "isolation": settings.isolation,
         },
         message=f"The platform at {settings.public_url} stopped.",
     )

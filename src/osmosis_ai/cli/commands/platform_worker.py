@@ -6,7 +6,12 @@ import argparse
 
 from osmosis_ai.cli.errors import CLIUsageError
 from osmosis_ai.cli.output import Context, OperationResult, Result
-from osmosis_ai.cli.platform_admin import add_store_options, platform_errors, settings_from
+from osmosis_ai.cli.platform_admin import (
+    add_isolation_options,
+    add_store_options,
+    platform_errors,
+    settings_from,
+)
 
 MAX_SLOTS = 64
 
@@ -20,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "SIGTERM: its runs are handed back for another worker to resume."
     )
     add_store_options(parser)
+    add_isolation_options(parser)
     parser.add_argument(
         "--slots",
         type=int,
@@ -44,6 +50,10 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
     return OperationResult(
         operation="platform.worker",
         status="success",
-        resource={"data_dir": str(settings.data_dir), "slots": args.slots},
+        resource={
+            "data_dir": str(settings.data_dir),
+            "slots": args.slots,
+            "isolation": settings.isolation,
+        },
         message="The worker stopped; its runs were handed back.",
     )

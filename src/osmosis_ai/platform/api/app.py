@@ -108,7 +108,7 @@ def create_platform_app(
 
     @app.get("/api/health", include_in_schema=False)
     def health() -> dict[str, str]:  # pyright: ignore[reportUnusedFunction]
-        return {"status": "ok", "version": PACKAGE_VERSION}
+        return {"status": "ok", "version": PACKAGE_VERSION, "isolation": settings.isolation}
 
     for module in ROUTERS:
         router = importlib.import_module(module).router

@@ -48,7 +48,7 @@ def url_signer(platform: Platform) -> UrlSigner:
     """The signer of object URLs, keyed by ``<data dir>/signing.key`` (made on first start)."""
     signer = platform.extras.get("url_signer")
     if not isinstance(signer, UrlSigner):
-        key = load_or_create_key(platform.settings.data_dir / SIGNING_KEY_FILE)
+        key = load_or_create_key(platform.settings.key_dir / SIGNING_KEY_FILE)
         signer = platform.extras["url_signer"] = UrlSigner(key)
     return signer
 

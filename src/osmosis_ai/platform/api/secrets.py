@@ -28,7 +28,7 @@ def secret_box(platform: Platform) -> SecretBox:
     """The platform's sealer of secret values (key from the environment or the data dir)."""
     box = platform.extras.get("secret_box")
     if not isinstance(box, SecretBox):
-        box = platform.extras["secret_box"] = SecretBox(secret_key(platform.settings.data_dir))
+        box = platform.extras["secret_box"] = SecretBox(secret_key(platform.settings.key_dir))
     return box
 
 

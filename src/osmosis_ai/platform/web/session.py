@@ -61,7 +61,7 @@ def session_key(platform: Platform) -> bytes:
     """The data dir's key that signs browser sessions and CSRF tokens (made on first use)."""
     key = platform.extras.get(_KEY)
     if not isinstance(key, bytes):
-        key = load_or_create_key(platform.settings.data_dir / "session.key")
+        key = load_or_create_key(platform.settings.key_dir / "session.key")
         platform.extras[_KEY] = key
     return key
 

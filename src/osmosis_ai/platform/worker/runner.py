@@ -15,6 +15,12 @@ run's process, SIGKILL after ``grace_s``. A process that exits without ending it
 it ``failed`` (eval) or ``crashed`` (training) with its exit code and the redacted tail of
 its output in the run's logs.
 
+Before it registers, the worker checks that it can contain workspace code (a trivial process
+started in bubblewrap, :mod:`osmosis_ai.controller.containment`): where it cannot, it refuses
+to start, naming the fix, unless the platform is declared single-tenant
+(``settings.single_tenant``). Run processes start without the platform's ``OSMOSIS_PLATFORM_*``
+variables (the spec carries what they need, mode 0600, outside what contained code sees).
+
 SIGTERM or SIGINT stops the worker: it asks each run's process to hand its run back
 (SIGUSR1, then SIGTERM), releases the runs so another worker resumes them at
 once, and marks itself stopped. A second signal kills the processes without waiting.
@@ -31,6 +37,7 @@ import contextlib
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,6 +52,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from osmosis_ai.controller import containment
+from osmosis_ai.deadlines import RUN_HEARTBEAT
+from osmosis_ai.errors import ConfigError, DeadlineError
 from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SecretBox, secret_key
@@ -54,15 +64,21 @@ from osmosis_ai.platform.services.runs import TERMINAL, add_log, run_secret_valu
 from osmosis_ai.platform.settings import (
     DATA_DIR_ENV,
     DATABASE_URL_ENV,
+    KEYS_DIR_ENV,
+    SINGLE_TENANT_ENV,
     PlatformSettings,
     load_settings,
 )
 from osmosis_ai.platform.store.database import Database, open_database
 from osmosis_ai.platform.store.orm import Run, utcnow
+from osmosis_ai.platform.worker import liveness
 from osmosis_ai.platform.worker.execute import (
+    CONTAINED,
     DEFAULT_JOBS,
+    PLATFORM_ENV_PREFIX,
     RELEASE_SIGNAL,
     STANDBY,
+    UNCONTAINED,
     RunSpec,
     work_dir_of,
 )
@@ -70,6 +86,7 @@ from osmosis_ai.platform.worker.processes import kill_tree, signal_tree
 
 logger = logging.getLogger("osmosis_ai.platform.worker")
 
+BWRAP_ENV = "OSMOSIS_PLATFORM_BWRAP"  # the bubblewrap binary (default: bwrap on PATH)
 DEFAULT_POLL_S = 5.0
 DEFAULT_HEARTBEAT_S = 3.0
 DEFAULT_GRACE_S = 6.0  # SIGTERM to SIGKILL; with the kill, a stop takes at most ~8 s
@@ -92,6 +109,8 @@ class _Child:
     reader: threading.Thread | None = None
     tail: deque[str] = field(default_factory=lambda: deque[str](maxlen=TAIL_LINES))
     output_ended: float | None = None  # when its output ended (its exit is then near)
+    started: float = field(default_factory=time.time)  # (wall clock, as the beat file's)
+    stalled: str | None = None  # the RunStalledError text, once its heartbeat stopped
     # Set once its processes are being ended: why, and when SIGKILL follows.
     ending: str | None = None  # stopped | lost | shutdown
     kill_at: float | None = None
@@ -111,6 +130,7 @@ class Worker:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         lease_s: float = work.DEFAULT_LEASE_S,
         grace_s: float = DEFAULT_GRACE_S,
+        run_stall_s: float | None = None,
         jobs: Mapping[str, str] | None = None,
         name: str | None = None,
         python: str = sys.executable,
@@ -124,6 +144,7 @@ class Worker:
         self.heartbeat_s = heartbeat_s
         self.lease_s = lease_s
         self.grace_s = grace_s
+        self.run_stall_s = RUN_HEARTBEAT.seconds() if run_stall_s is None else run_stall_s
         self.jobs = {**DEFAULT_JOBS, **(jobs or {})}
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.python = python
@@ -139,11 +160,14 @@ class Worker:
         self._database: Database | None = None
         self._box: SecretBox | None = None
         self._standby: subprocess.Popen[bytes] | None = None
+        self.isolation = UNCONTAINED if settings.single_tenant else CONTAINED
+        self.bwrap = os.environ.get(BWRAP_ENV) or "bwrap"
 
     # --- running -------------------------------------------------------------------------
 
     def run(self) -> None:
         """Register, execute runs until stopped, then hand back what is held."""
+        self.check_isolation()
         handled = self._install_signals()
         database = self._database = open_database(self.settings)  # migrated, under a lock
         try:
@@ -187,6 +211,32 @@ class Worker:
                     work.worker_stopped(session, self.worker_id, now=self.clock())
             database.dispose()
 
+    def check_isolation(self) -> None:
+        """Refuse to run workspace code uncontained unless the platform is single-tenant."""
+        self.settings.secure()
+        if self.isolation == UNCONTAINED:
+            logger.warning(
+                "isolation: single-tenant (none): workspace code runs as this worker's user"
+            )
+            return
+        found = shutil.which(self.bwrap)
+        probe = containment.Containment(
+            home=str(self.settings.data_dir / "work" / "probe-home"),
+            hidden=(str(self.settings.data_dir), os.path.expanduser("~"), "/root"),
+            uid=self.settings.sandbox_uid if os.geteuid() == 0 else None,
+            bwrap=found or self.bwrap,
+        )
+        try:
+            containment.check(probe)
+        except containment.ContainmentError as exc:
+            raise ConfigError(
+                f"This worker cannot contain workspace code: {exc}. If every workspace on "
+                "this platform is trusted, start it with --single-tenant "
+                "(OSMOSIS_PLATFORM_SINGLE_TENANT=1) instead"
+            ) from exc
+        self.bwrap = found or self.bwrap
+        logger.info("isolation: bubblewrap (%s)", self.bwrap)
+
     def request_stop(self) -> None:
         """Stop as SIGTERM would (safe from any thread and from a signal handler)."""
         self._stopping += 1
@@ -216,6 +266,7 @@ class Worker:
             if now >= next_beat:
                 self._heartbeat()
                 next_beat = now + self.heartbeat_s
+            self._watch_stalls()
             self._escalate()
             if now >= next_poll:
                 triggers.add("poll")
@@ -322,6 +373,10 @@ class Worker:
                 public_url=self.settings.public_url,
                 work_dir=str(work_dir),
                 job=job,
+                isolation=self.isolation,
+                keys_dir=str(self.settings.keys_dir) if self.settings.keys_dir else None,
+                bwrap=self.bwrap,
+                sandbox_uid=self.settings.sandbox_uid,
             ).write(spec_path)
             process = self._take_standby(spec_path)
             if process is None:
@@ -346,7 +401,10 @@ class Worker:
         return subprocess.Popen(
             [self.python, "-m", "osmosis_ai.platform.worker.execute", *args],
             cwd=cwd,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith(PLATFORM_ENV_PREFIX)},
+                "PYTHONUNBUFFERED": "1",
+            },
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -418,6 +476,34 @@ class Worker:
                 logger.info("run %s is %s: ending its processes", run_id, state)
                 self._terminate(self.children[run_id], state)
 
+    def _watch_stalls(self) -> None:
+        """Kill the processes of a run whose process stopped beating (stopped, hung, or
+        starved) for longer than the run heartbeat deadline; its run then fails."""
+        now = time.time()
+        for child in self.children.values():
+            if child.ending is not None or child.process.poll() is not None:
+                continue
+            path = liveness.beat_path(child.log_path.parent, child.claim.attempt)
+            last = liveness.last_beat(path, child.started)
+            silent = now - (child.started if last is None else last)
+            allowed = self.run_stall_s
+            if last is None:  # not beating yet: a cold start may still be importing
+                allowed = max(allowed, liveness.FIRST_BEAT_S)
+            if silent <= allowed:
+                continue
+            error = RUN_HEARTBEAT.error(
+                RunStalledError,
+                f"the run's process (pid {child.process.pid}) gave no heartbeat for "
+                f"{silent:.1f}s, so its processes were killed",
+                allowed,
+            )
+            child.stalled = f"{type(error).__name__}: {error}"
+            logger.warning("run %s: %s", child.claim.run_id, child.stalled)
+            child.ending = "stalled"
+            child.kill_at = time.monotonic()
+            child.killed = True
+            kill_tree(child.process.pid)
+
     def _terminate(self, child: _Child, why: str) -> None:
         """SIGTERM the run's process groups (``release`` first on a shutdown)."""
         if child.ending is not None:
@@ -485,7 +571,7 @@ class Worker:
             logger.exception("settling run %s failed", claim.run_id)
             return
         how = _exit_text(code)
-        error = f"The run's process {how} without ending the run"
+        error = child.stalled or f"The run's process {how} without ending the run"
         tail = self._redacted_tail(child, claim.run_id)
         self._end(
             claim,
@@ -522,7 +608,7 @@ class Worker:
         assert database is not None
         try:
             if self._box is None:
-                self._box = SecretBox(secret_key(self.settings.data_dir))
+                self._box = SecretBox(secret_key(self.settings.key_dir))
             with database.read() as session:
                 run = session.get(Run, run_id)
                 if run is not None:
@@ -593,6 +679,11 @@ class _Listener:
             self._connection.close()
 
 
+class RunStalledError(DeadlineError):
+    """A run's process gave no heartbeat within the run heartbeat deadline
+    (``OSMOSIS_RUN_STALL_S``): its worker killed it and failed the run."""
+
+
 def _failed(kind: str) -> str:
     return "failed" if kind == "eval" else "crashed"
 
@@ -631,7 +722,10 @@ class WorkerProcesses:
             **os.environ,
             DATA_DIR_ENV: str(self.settings.data_dir),
             DATABASE_URL_ENV: self.settings.database_url,  # not on the command line: ps shows it
+            SINGLE_TENANT_ENV: "1" if self.settings.single_tenant else "0",
         }
+        if self.settings.keys_dir is not None:
+            env[KEYS_DIR_ENV] = str(self.settings.keys_dir)
         command = [
             sys.executable,
             "-m",
@@ -725,6 +819,9 @@ def main(argv: list[str] | None = None) -> int:
         worker.run()
     except PlatformError as exc:
         logger.error("the worker stopped: %s", exc.message)
+        return 1
+    except ConfigError as exc:
+        logger.error("the worker stopped: %s", exc)
         return 1
     return 0
 

@@ -1,0 +1,342 @@
+"""Workspace code runs contained: a managed run whose rollout attacks the platform from inside.
+
+``osmosis platform serve --workers 1`` (real processes, SQLite data dir) runs an eval of the
+``multiply-local-openai`` template whose ``main.py`` first runs a probe: it tries to read the
+key files, the database and another workspace's objects, every ``/proc/*/environ`` and
+``/proc/*/root`` it can see, to find ``OSMOSIS_PLATFORM_*`` variables, to write into the data
+dir, to signal the worker, and records what happened in its artifacts folder. Every attempt
+must be refused and the run must still finish with all its samples.
+
+Also: a worker refuses to start where bubblewrap is missing (naming the fix), and starts with
+``--single-tenant``; ``/api/health`` says which isolation is in force.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("sqlalchemy")
+
+from osmosis_ai.controller.containment import Containment, ContainmentError, check
+from osmosis_ai.testing.model_server import ScriptedModelServer
+from osmosis_ai.testing.serving import free_port
+from osmosis_ai.workspace.templates import apply_template
+from platform_support import git, wait_until_healthy
+from test_platform_managed_e2e import Calculator
+
+OSMOSIS = [sys.executable, "-m", "osmosis_ai.cli.main"]
+TEMPLATE = "multiply-local-openai"
+SECRET = "sk-isolation-5c0ffee"
+
+
+def _containment_missing() -> str | None:
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    try:
+        home = os.path.expanduser("~")
+        check(Containment(home="/tmp/osmosis-isolation-probe", hidden=(home,), uid=65534))
+    except ContainmentError as exc:
+        return f"user namespaces are not available to bubblewrap: {exc}"
+    return None
+
+
+MISSING = _containment_missing()
+needs_containment = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+PROBE = """
+import json as _json, os as _os, signal as _signal
+
+
+def _probe():
+    data = _os.environ.get("PROBE_DATA_DIR", "")
+    seen = {"attempts": {}, "uid": _os.getuid()}
+    tries = seen["attempts"]
+
+    def attempt(name, action):
+        try:
+            result = action()
+        except OSError as exc:
+            tries[name] = "refused: " + type(exc).__name__
+        else:
+            tries[name] = "DONE: " + repr(result)[:200]
+
+    for name in ("secrets.key", "signing.key", "session.key", "platform.db", "settings.json"):
+        attempt("read " + name, lambda n=name: open(_os.path.join(data, n), "rb").read(8))
+    attempt("list objects", lambda: _os.listdir(_os.path.join(data, "objects")))
+    attempt("write data dir", lambda: open(_os.path.join(data, "pwned"), "w").write("x"))
+    listings = seen["listings"] = {}
+    for path in (data, _os.path.join(data, "work", "runs"), _os.path.join(data, "envs")):
+        try:
+            listings[path] = sorted(_os.listdir(path))
+        except OSError as exc:
+            listings[path] = type(exc).__name__
+    here = _os.getcwd()
+    while here != "/":  # walking up from the checkout
+        here = _os.path.dirname(here)
+        for name in ("secrets.key", "platform.db", "attempt-1.json"):
+            path = _os.path.join(here, name)
+            attempt("read " + path, lambda p=path: open(p, "rb").read(8))
+    pids = [p for p in _os.listdir("/proc") if p.isdigit()]
+    seen["pids"] = pids
+    for pid in pids:
+        if int(pid) == _os.getpid():
+            continue
+        def environ(pid=pid):
+            text = open("/proc/%s/environ" % pid, "rb").read()
+            if b"OSMOSIS_PLATFORM" in text or b"DATABASE" in text:
+                return "platform settings"
+            raise PermissionError("read, but nothing of the platform")
+        attempt("environ of %s" % pid, environ)
+        attempt("root of %s" % pid, lambda pid=pid: _os.listdir("/proc/%s/root%s" % (pid, data)))
+    seen["platform_env"] = sorted(k for k in _os.environ if k.startswith("OSMOSIS_PLATFORM"))
+    seen["env"] = sorted(_os.environ)
+    worker = int(_os.environ["PROBE_WORKER_PID"])
+    if worker > 1:
+        attempt("signal worker", lambda: _os.kill(worker, _signal.SIGTERM))
+    attempt("signal parent", lambda: _os.kill(_os.getppid(), _signal.SIGTERM))
+    status = open("/proc/self/status").read()
+    seen["capeff_zero"] = "CapEff:\\t0000000000000000" in status
+    seen["no_new_privs"] = "NoNewPrivs:\\t1" in status
+    root = _os.environ["_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"]
+    _os.makedirs(root, exist_ok=True)
+    with open(_os.path.join(root, "probe.json"), "w") as handle:
+        _json.dump(seen, handle)
+
+
+if _os.environ.get("_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"):  # started as the run's rollout server
+    _probe()
+"""
+
+
+class Deployment:
+    """A platform data dir with its server and one worker, and a workspace whose rollout
+    probes its containment."""
+
+    def __init__(self, root: Path, model_url: str) -> None:
+        self.root = root
+        self.data_dir = root / "platform"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server: subprocess.Popen[str] | None = None
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OSMOSIS", "OPENAI"))}
+        self.env |= {"HOME": str(root / "home"), "NO_COLOR": "1"}
+        self.bare = root / "git" / "acme" / "calc.git"
+        self.bare.parent.mkdir(parents=True)
+        git(root, "init", "-q", "--bare", "-b", "main", str(self.bare))
+        self.model_url = model_url
+        self.clone = self._workspace()
+        self.secrets = root / "run.env"
+        self.secrets.write_text(f"OPENAI_API_KEY={SECRET}\n")
+        self.admin("user", "create", "alice@example.com", "--name", "Alice")
+        for name, repo in (("Calc", "acme/calc"), ("Other", "acme/other")):
+            self.admin("workspace", "create", name, "--repo", repo, "--clone-url", str(self.bare))
+            self.admin("workspace", "add-member", name, "alice@example.com", "--role", "owner")
+        token = self.admin(
+            "token", "create", "--email", "alice@example.com", "--platform-url", self.url
+        )["token"]
+        self.env |= {
+            "OSMOSIS_PLATFORM_URL": self.url,
+            "OSMOSIS_TOKEN": token,
+            "OSMOSIS_TOKEN_PLATFORM_URL": self.url,
+        }
+
+    def _workspace(self) -> Path:
+        clone = self.root / "ws"
+        clone.mkdir()
+        git(clone, "init", "-q", "-b", "main")
+        git(clone, "remote", "add", "origin", str(self.bare))
+        apply_template(TEMPLATE, clone)
+        main = clone / "rollouts" / TEMPLATE / "main.py"
+        text = main.read_text()
+        marker = "from __future__ import annotations\n"
+        main.write_text(text.replace(marker, marker + PROBE, 1))
+        source = (clone / "data" / "multiply.jsonl").read_text().splitlines()
+        (clone / "data" / "calc.jsonl").write_text("".join(line + "\n" for line in source[:4]))
+        git(clone, "add", "-A")
+        git(clone, "commit", "-q", "-m", "probing template")
+        git(clone, "push", "-q", "-u", "origin", "main")
+        return clone
+
+    def configure(self, worker_pid: int) -> None:
+        config = self.clone / "configs" / "eval" / f"{TEMPLATE}.toml"
+        text = config.read_text().replace('dataset = "multiply"', 'dataset = "calc"')
+        text = text.replace("[evaluation]\n", "[evaluation]\nlimit = 4\n", 1)
+        env = (
+            f'[env]\nOPENAI_BASE_URL = "{self.model_url}"\n'
+            f'PROBE_DATA_DIR = "{self.data_dir}"\nPROBE_WORKER_PID = "{worker_pid}"\n\n'
+        )
+        config.write_text(text.replace("[secrets]", env + "[secrets]"))
+        git(self.clone, "commit", "-q", "-am", "config")
+        git(self.clone, "push", "-q")
+
+    def admin(self, *args: str) -> dict[str, Any]:
+        return self.cli("platform", *args, "--data-dir", str(self.data_dir), cwd=self.root)
+
+    def cli(self, *args: str, cwd: Path | None = None) -> dict[str, Any]:
+        done = subprocess.run(
+            [*OSMOSIS, "--json", *args],
+            cwd=cwd or self.clone,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, (args, done.stderr[-4000:])
+        text = done.stdout.strip()
+        return json.loads(text.splitlines()[-1]) if text else {}
+
+    def serve(self, *extra: str) -> None:
+        command = [*OSMOSIS, "platform", "serve", "--data-dir", str(self.data_dir), *extra]
+        command += ["--port", str(self.port), "--workers", "1", "--log-level", "info"]
+        log = (self.root / "serve.log").open("a")
+        self.server = subprocess.Popen(command, env=self.env, stdout=log, stderr=log, text=True)
+        wait_until_healthy(self.server, self.url, (self.root / "serve.log").read_text)
+
+    def worker_pid(self) -> int:
+        import psutil
+
+        assert self.server is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for child in psutil.Process(self.server.pid).children():
+                if "osmosis_ai.platform.worker.runner" in " ".join(child.cmdline()):
+                    return child.pid
+            time.sleep(0.1)
+        raise AssertionError("the server started no worker")
+
+    def wait_run(self, name: str, *, timeout: float = 300) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.cli("eval", "info", name)["data"]
+            run = info.get("eval_run", info)
+            if run["status"] in ("finished", "failed", "stopped"):
+                return info
+            assert time.monotonic() < deadline, f"run {name} still {run['status']}"
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            self.server.send_signal(signal.SIGTERM)
+            try:
+                self.server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait()
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    with ScriptedModelServer(responder=Calculator(), latency_ms=5) as model:
+        made = Deployment(tmp_path, model.base_url)
+        yield made
+        made.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@needs_containment
+@pytest.mark.skipif(
+    importlib.util.find_spec("agents") is None,
+    reason="the template's agent framework (openai-agents) is not installed",
+)
+def test_a_contained_eval_run_is_refused_everything_and_still_finishes(deployment: Deployment):
+    deployment.serve()
+    health = httpx.get(f"{deployment.url}/api/health").json()
+    assert health["isolation"] == "bubblewrap"
+    worker = deployment.worker_pid()
+    deployment.configure(worker)
+    deployment.cli("dataset", "upload", "data/calc.jsonl", "-y")
+    submitted = deployment.cli(
+        "eval", "submit", f"configs/eval/{TEMPLATE}.toml", "-y",
+        "--secrets-file", str(deployment.secrets),
+    )  # fmt: skip
+    name = submitted["resource"]["name"]
+    info = deployment.wait_run(name)
+    run = info.get("eval_run", info)
+    assert run["status"] == "finished", info
+    results = info.get("results") or run.get("results") or {}
+    assert results.get("pass_rate") == 1.0, info
+
+    probes = list((deployment.data_dir / "work" / "runs").rglob("probe.json"))
+    assert len(probes) == 1, probes
+    seen = json.loads(probes[0].read_text())
+    done = {k: v for k, v in seen["attempts"].items() if not v.startswith("refused")}
+    assert not done, done
+    assert any(k.startswith("read ") and "secrets.key" in k for k in seen["attempts"])
+    assert seen["attempts"]["signal worker"].startswith("refused")
+    assert seen["platform_env"] == []
+    assert seen["uid"] == 1000 and seen["capeff_zero"] and seen["no_new_privs"]
+    # Its own PID namespace: only the sandbox's processes (bwrap's init and the server).
+    assert all(int(pid) < 100 for pid in seen["pids"]), seen["pids"]
+    assert not any(k.startswith(("OSMOSIS_PLATFORM", "VIRTUAL_ENV")) for k in seen["env"])
+    assert "OPENAI_BASE_URL" in seen["env"] and "PROBE_DATA_DIR" in seen["env"]
+    # What it can list of the data dir is the bare path to its own run's folders.
+    listings = seen["listings"]
+    assert listings[str(deployment.data_dir)] == ["work"], listings
+    own = probes[0].relative_to(deployment.data_dir / "work" / "runs").parts[0]
+    assert listings[str(deployment.data_dir / "work" / "runs")] == [own], listings
+    assert listings[str(deployment.data_dir / "envs")] == "FileNotFoundError", listings
+    assert not (deployment.data_dir / "pwned").exists()
+    # The worker outlived the probe's signal, and the platform's files stayed owner-only.
+    assert deployment.server is not None and deployment.server.poll() is None
+    os.kill(worker, 0)
+    assert (deployment.data_dir.stat().st_mode & 0o777) == 0o700
+    assert (deployment.data_dir / "platform.db").stat().st_mode & 0o077 == 0
+
+
+def test_a_worker_without_bubblewrap_refuses_to_start_and_names_the_fix(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OSMOSIS")}
+    env |= {"HOME": str(tmp_path / "home"), "OSMOSIS_PLATFORM_BWRAP": str(tmp_path / "no-bwrap")}
+    command = [*OSMOSIS, "platform", "worker", "--data-dir", str(tmp_path / "platform")]
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "bubblewrap" in said and "apt-get install bubblewrap" in said, said
+    assert "--single-tenant" in said, said
+
+
+def test_a_single_tenant_server_says_so_in_health(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OSMOSIS")}
+    env |= {"HOME": str(tmp_path / "home"), "OSMOSIS_PLATFORM_BWRAP": str(tmp_path / "no-bwrap")}
+    port = free_port()
+    command = [*OSMOSIS, "platform", "serve", "--data-dir", str(tmp_path / "platform")]
+    command += ["--port", str(port), "--workers", "1", "--single-tenant"]
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=log, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_healthy(server, url, log_path.read_text)
+        assert httpx.get(f"{url}/api/health").json()["isolation"] == "single-tenant (none)"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert "Isolation: single-tenant (none)" in log_path.read_text()
+
+
+def test_a_server_whose_workers_cannot_be_contained_refuses_to_start(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OSMOSIS")}
+    env |= {"HOME": str(tmp_path / "home"), "OSMOSIS_PLATFORM_BWRAP": str(tmp_path / "no-bwrap")}
+    command = [*OSMOSIS, "platform", "serve", "--data-dir", str(tmp_path / "platform")]
+    command += ["--port", str(free_port()), "--workers", "1"]
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode != 0
+    assert "apt-get install bubblewrap" in done.stdout + done.stderr
