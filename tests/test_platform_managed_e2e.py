@@ -146,14 +146,28 @@ class Deployment:
         return json.loads(text.strip().splitlines()[-1]) if text.strip() else {}
 
     def serve(self, *, workers: int) -> None:
-        command = [*OSMOSIS, "platform", "serve", "--data-dir", str(self.data_dir)]
+        command = [
+            *OSMOSIS,
+            "platform",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--single-tenant",
+        ]
         command += ["--port", str(self.port), "--workers", str(workers), "--log-level", "warning"]
         log = (self.root / "serve.log").open("a")
         self.server = subprocess.Popen(command, env=self.env, stdout=log, stderr=log, text=True)
         wait_until_healthy(self.server, self.url, (self.root / "serve.log").read_text)
 
     def start_worker(self) -> subprocess.Popen[str]:
-        command = [*OSMOSIS, "platform", "worker", "--data-dir", str(self.data_dir)]
+        command = [
+            *OSMOSIS,
+            "platform",
+            "worker",
+            "--data-dir",
+            str(self.data_dir),
+            "--single-tenant",
+        ]
         log = (self.root / f"worker-{len(self.workers)}.log").open("w")
         worker = subprocess.Popen(command, env=self.env, stdout=log, stderr=log, text=True)
         self.workers.append(worker)

@@ -551,6 +551,7 @@ def test_serve_starts_a_worker_that_runs_the_eval_job_and_stops_with_the_server(
             str(port),
             "--workers",
             "1",
+            "--single-tenant",  # not about isolation: runs where bubblewrap is missing
         ],
         env={**os.environ, "OPENAI_API_KEY": "sk-test-unused"},
         stdout=log,

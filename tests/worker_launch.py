@@ -13,7 +13,8 @@ from osmosis_ai.platform.worker.runner import Worker
 if __name__ == "__main__":
     data_dir, database_url, poll_s, slots, lease_s, heartbeat_s = sys.argv[1:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
-    settings = load_settings(data_dir=data_dir, database_url=database_url)
+    # Not about isolation (its jobs are the tests' own): runs where bubblewrap is missing.
+    settings = load_settings(data_dir=data_dir, database_url=database_url, single_tenant=True)
     job = "worker_jobs:execute"
     Worker(
         settings,
