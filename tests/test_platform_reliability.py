@@ -337,7 +337,8 @@ def training_config(rollout: str, *, epochs: int, save_every: int) -> str:
         "[training]\n"
         f"lr = 3e-4\ntotal_epochs = {epochs}\nn_samples_per_prompt = 4\n"
         "rollout_batch_size = 4\nmax_prompt_length = 64\nmax_response_length = 4\n"
-        "agent_workflow_timeout_s = 60\ngrader_timeout_s = 30\nseed = 0\n\n"
+        "agent_workflow_timeout_s = 60\ngrader_timeout_s = 30\nseed = 0\n"
+        "no_signal_patience = 0\n\n"  # few steps from 2 warm-up steps: reliability is tested
         f"[checkpoints]\neval_interval = 1000\ncheckpoint_save_freq = {save_every}\n\n"
         "[warmup]\nsft_steps = 2\nbatch_size = 8\n\n"
         "[secrets]\nrequired = []\n"

@@ -178,6 +178,7 @@ agent_workflow_timeout_s = 60
 grader_timeout_s = 30
 seed = 0
 report_to = {report_to}
+no_signal_patience = 0  # an untrained policy's few steps: the trackers are tested, not the signal
 
 [checkpoints]
 eval_interval = 2

@@ -48,6 +48,9 @@ max_response_length = 4
 agent_workflow_timeout_s = 60
 grader_timeout_s = 30
 seed = 0
+# A few steps of a barely warmed-up policy: some have equal rewards in every group by chance,
+# and these runs test the training path (tests/test_train_no_signal.py tests that check).
+no_signal_patience = 0
 
 [checkpoints]
 eval_interval = 2

@@ -42,6 +42,7 @@ max_response_length = 16
 agent_workflow_timeout_s = 120
 grader_timeout_s = 60
 seed = 0
+no_signal_patience = 0  # the untrained tiny model never multiplies: the sandbox path is tested
 
 [checkpoints]
 eval_interval = 100

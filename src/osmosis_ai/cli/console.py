@@ -49,7 +49,7 @@ def render(result: Result) -> None:
             out.print(Text(result.title, style="bold"))
         out.print(_grid(detail_fields(result)))
     elif isinstance(result, OperationResult):
-        style = "green" if result.status == "success" else "yellow"
+        style = {"success": "green", "failed": "red"}.get(result.status, "yellow")
         out.print(
             Text(result.message or f"{result.operation}: {result.status}", style=style),
             soft_wrap=True,

@@ -81,8 +81,10 @@ class TrainRunResult:
     """How one invocation of ``osmosis train run`` ended.
 
     ``status``: ``success`` (every step done), ``interrupted`` (Ctrl-C: checkpoint saved),
-    ``partial`` (stopped early for another reason). Rewards are training-batch means per
-    step; ``reward_start``/``reward_end`` average the first and last 10% of the steps.
+    ``partial`` (stopped early for another reason), ``failed`` (stopped and saved, but the
+    run did not do its job: ``error`` names why, e.g. ``no_learning_signal``, and
+    ``error_message`` says what to try). Rewards are training-batch means per step;
+    ``reward_start``/``reward_end`` average the first and last 10% of the steps.
     """
 
     run_name: str
@@ -98,6 +100,8 @@ class TrainRunResult:
     warmup_steps: int = 0
     plot_path: Path | None = None
     warnings: tuple[str, ...] = field(default=())
+    error: str | None = None
+    error_message: str | None = None
 
     @property
     def reward_start(self) -> float | None:
@@ -130,4 +134,6 @@ class TrainRunResult:
             else str(self.final_checkpoint),
             "metrics_path": str(self.run_dir / "metrics.jsonl"),
             "plot_path": None if self.plot_path is None else str(self.plot_path),
+            "error": self.error,
+            "error_message": self.error_message,
         }

@@ -35,6 +35,7 @@ from osmosis_ai.workspace import (
 DATASET_SUFFIXES = (".jsonl", ".csv", ".parquet")
 DEFAULT_EVAL_ROWS = 32
 RUN_FILE = "run.json"
+NO_SIGNAL_PATIENCE = 25  # the most steps without a learning signal a run waits by default
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,15 @@ class TrainPlan:
     @property
     def workspace(self) -> Workspace:
         return self.config.workspace
+
+    @property
+    def no_signal_patience(self) -> int:
+        """Consecutive steps without a learning signal that fail the run (0: never):
+        ``[training] no_signal_patience``, else the smaller of 25 and 20 % of the steps."""
+        configured = self.config.training.no_signal_patience
+        if configured is not None:
+            return configured
+        return max(1, min(NO_SIGNAL_PATIENCE, self.steps // 5))
 
     def order_key(self) -> dict[str, object]:
         """What fixes the data order; a resume must find the same values."""

@@ -31,7 +31,7 @@ from osmosis_ai.train.events import (
 from osmosis_ai.train.plan import TrainPlan, TrainRunOptions, build_plan
 from osmosis_ai.train.reporting import TrainReporter, require_trackers
 from osmosis_ai.train.rundir import RunDir, iso_now, save_atomically
-from osmosis_ai.train.stopping import Background, StopRequest
+from osmosis_ai.train.stopping import NO_LEARNING_SIGNAL, Background, SignalWatch, StopRequest
 
 # Rollout servers that honor it (the bundled templates do) skip per-rollout trajectory files
 # during training; a workspace can set it to "1" in [env] to keep them.
@@ -99,6 +99,7 @@ class _Run:
         self.validations: list[EvalSummary] = []
         self.warnings: list[str] = []
         self.stop = StopRequest(self._on_stop_request, plan.options.stop)
+        self.signal = SignalWatch(plan.no_signal_patience)
         self.pending_validation: EvalSummary | None = None
         self.model: Any = None
         self.tokenizer: Any = None
@@ -152,7 +153,15 @@ class _Run:
                     "failed", steps_done=self.steps_done, error=self.journal.redact(str(exc))
                 )
                 raise
-        self.rundir.set_status(status, steps_done=self.steps_done)
+        error = error_message = None
+        if status == NO_LEARNING_SIGNAL:
+            status, error, error_message = "failed", NO_LEARNING_SIGNAL, self.signal.message()
+            self.journal.error("run", f"training failed: {error_message}", code=error)
+            self.rundir.set_status(
+                status, steps_done=self.steps_done, error=error, message=error_message
+            )
+        else:
+            self.rundir.set_status(status, steps_done=self.steps_done)
         plot = (
             self.rundir.plot_path
             if save_png(self.rundir.plot_path, self.rewards, self.validations)
@@ -177,6 +186,8 @@ class _Run:
             warmup_steps=self.warmup_steps,
             plot_path=plot,
             warnings=tuple(self.warnings),
+            error=error,
+            error_message=error_message,
         )
 
     def _train(self) -> str:
@@ -350,10 +361,13 @@ class _Run:
         finally:
             self.collector.drop_ahead()
         stopped = callback.stopped_early
+        silent = self.signal.tripped
         last = self.steps_done
         saved = any(p.name == f"step-{last:06d}" for p in self.rundir.list_checkpoints())
         if last and not saved and self.leads:
             self._export(last)
+        if silent:
+            return NO_LEARNING_SIGNAL
         if not stopped and plan.config.checkpoints.eval_interval > 0 and self.leads:
             self._validate(last)
         if stopped:
@@ -395,22 +409,42 @@ class _Run:
             self._export(step)
         return self.stop.requested
 
-    def record_step(self, step: int, logs: dict[str, Any]) -> None:
+    def record_step(self, step: int, logs: dict[str, Any]) -> bool:
+        """Record the step (the lead only); ``True`` when the run has had no learning signal
+        for its patience: every worker decides alike (their step stats are summed), so all
+        stop after the same step."""
+        stats: StepStats | None = self.collector.last if self.collector else None
+        silent = self.signal.observe(
+            step,
+            groups=stats.groups if stats is not None else 0,
+            groups_without_signal=stats.groups_without_signal if stats is not None else 0,
+            grad_norm=logs.get("grad_norm"),
+            reward=logs.get("reward"),
+        )
+        if not self.leads:
+            return self.signal.tripped
         record: dict[str, Any] = {"step": step, "time": iso_now()}
         for source, name in METRIC_NAMES.items():
             if source in logs:
                 record[name] = logs[source]
-        stats: StepStats | None = self.collector.last if self.collector else None
         if stats is not None:
             record.update(stats.to_metrics())
-            if stats.groups and stats.groups_without_signal == stats.groups:
-                self.warn_once(
-                    "NO_SIGNAL",
-                    f"step {step}: every group's rewards are equal, so the advantages and the "
-                    "update are zero (no learning signal). Expected early with a weak policy; if "
-                    "it persists, warm "
-                    "up with [warmup] sft_steps, or give the grader partial credit",
-                )
+        record["steps_without_signal"] = self.signal.streak
+        if silent and not self.signal.tripped:
+            patience = self.signal.patience
+            limit = (
+                f"; the run fails after {patience} such steps in a row "
+                "([training] no_signal_patience)"
+                if patience
+                else ""
+            )
+            self.warn_once(
+                "NO_SIGNAL",
+                f"step {step}: no learning signal (every group's rewards are equal, or the "
+                f"gradients are zero), so the update changes nothing. Expected early with a weak "
+                f"policy; if it persists, warm up with [warmup] sft_steps, or give the grader "
+                f"partial credit{limit}",
+            )
         validation, self.pending_validation = self.pending_validation, None
         if validation is not None:
             record["validation_reward"] = validation.mean_reward
@@ -418,6 +452,12 @@ class _Run:
         self.rundir.append_metrics(record)
         self.rewards.append(record.get("training_reward"))
         self.emit(StepEvent(step, self.plan.steps, record, time.monotonic() - self.started))
+        if self.signal.tripped:
+            self.stage(
+                f"no learning signal for {self.signal.streak} steps in a row: stopping after "
+                f"step {step}, saving"
+            )
+        return self.signal.tripped
 
     def warn_once(self, code: str, message: str) -> None:
         if code in self._warned:
@@ -594,7 +634,7 @@ class WorkerRun(_Run):
         else:
             self.journal.info(f"worker-{self.rank}", message)
 
-    def record_step(self, step: int, logs: dict[str, Any]) -> None:
+    def record_step(self, step: int, logs: dict[str, Any]) -> bool:
         from osmosis_ai.train.on_ray import summed
 
         accelerator = self.trainer.accelerator
@@ -606,7 +646,7 @@ class WorkerRun(_Run):
         collector = self.collector
         if collector is not None and collector.last is not None and self.world > 1:
             collector.last = summed(collector.last)
-        if self.leads:
-            # (not ray.train.report: it waits for Ray Train's controller, up to 2 s a step;
-            # the run dir holds the metrics and the resumable state)
-            super().record_step(step, logs)
+        # the lead records (not ray.train.report: it waits for Ray Train's controller, up to
+        # 2 s a step; the run dir holds the metrics and the resumable state); every worker
+        # watches the learning signal, so all stop after the same step
+        return super().record_step(step, logs)

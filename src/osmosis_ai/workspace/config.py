@@ -54,7 +54,14 @@ _FREE_SECTIONS = ("env", "advanced")
 # Settings of `osmosis train run` that the hosted platform's CLI refuses in their own sections
 # but forwards inside [advanced]: each is also read from there by the same name, so one
 # config works with both (``[advanced] loss_type``, ``[advanced.warmup]``, ``[advanced.lora]``).
-ADVANCED_TRAINING_KEYS = ("loss_type", "kl_coef", "seed", "report_to", "lr_warmup_steps")
+ADVANCED_TRAINING_KEYS = (
+    "loss_type",
+    "kl_coef",
+    "seed",
+    "report_to",
+    "lr_warmup_steps",
+    "no_signal_patience",
+)
 ADVANCED_TABLES = ("warmup", "lora")
 # Settings of `osmosis train run` that exist only under [advanced] (``[advanced.ray]``).
 ADVANCED_ONLY_TABLES = ("ray",)

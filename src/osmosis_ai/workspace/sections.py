@@ -132,7 +132,9 @@ class TrainingSection:
     ``kl_coef`` weights the KL penalty (0 = none), ``report_to`` lists metric sinks;
     ``lr_warmup_steps`` ramps the learning rate linearly from 0 to ``lr`` over the first
     GRPO steps (0 = none), so the optimizer's first steps cannot throw a warmed-up policy far
-    (Adam's first update moves every weight by about ``lr``, whatever the gradient)."""
+    (Adam's first update moves every weight by about ``lr``, whatever the gradient);
+    ``no_signal_patience`` fails the run after that many consecutive steps without a learning
+    signal (None: the smaller of 25 and 20 % of the steps, at least 1; 0 = never)."""
 
     lr: float = setting(1e-6, number(gt=0))
     lr_warmup_steps: int = setting(0, integer(0))
@@ -147,6 +149,7 @@ class TrainingSection:
     kl_coef: float = setting(0.0, number(ge=0))
     seed: int = setting(0, integer(0))
     report_to: tuple[str, ...] = setting((), subset_of(REPORT_TARGETS))
+    no_signal_patience: int | None = setting(None, integer(0))
 
 
 @dataclass(frozen=True)

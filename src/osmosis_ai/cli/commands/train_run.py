@@ -188,6 +188,14 @@ def _result(result: TrainRunResult, args: argparse.Namespace) -> Result:
         saved = "checkpoint saved" if result.steps_done else "nothing to save yet"
         message = f"Interrupted {result.run_name} after {steps}; {saved} ({reward})."
         lines.append(f"Resume: osmosis train run {config} --name {result.run_name} --resume")
+    elif result.status == "failed":
+        status = "failed"
+        exit_code = 1
+        saved = "checkpoint saved" if result.final_checkpoint is not None else "nothing saved"
+        message = (
+            f"Training {result.run_name} failed ({result.error}) after {steps}; {saved} "
+            f"({reward}): {result.error_message}"
+        )
     else:
         status = "success" if result.status == "success" else "partial"
         message = f"Trained {result.run_name}: {steps} in {seconds:.0f}s, {reward}."

@@ -156,6 +156,8 @@ ADVANCED_KEYS: dict[str, Check] = {
     "kl_coef": _number(low=0.0, low_open=False),
     "seed": _integer(0),
     "report_to": _subset_of(REPORT_TARGETS),
+    "lr_warmup_steps": _integer(0),
+    "no_signal_patience": _integer(0),  # 0: never fail a run for lack of a learning signal
 }
 ADVANCED_TABLES: dict[str, dict[str, Check]] = {
     "warmup": {

@@ -15,9 +15,11 @@ the run's work dir, and the base model is the registered platform model's folder
 * stages and warnings go to the run's logs.
 
 Stop (``ctx.stop``): the step in flight finishes, the trainer saves, the last checkpoint is
-recorded, and the run ends ``stopped``. A new attempt resumes from the run dir left on this
-machine, else from the state in the object store, else starts over; a run that cannot be
-resumed ends ``crashed`` saying why. Bad configs, datasets or models end ``failed``.
+recorded, and the run ends ``stopped``. A run the trainer stopped for want of a learning
+signal keeps its checkpoints too, and ends ``failed`` with the error
+``no_learning_signal: …``. A new attempt resumes from the run dir left on this machine,
+else from the state in the object store, else starts over; a run that cannot be resumed
+ends ``crashed`` saying why. Bad configs, datasets or models end ``failed``.
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ class _TrainJob:
             kept = max(self.recorded, default=None)
             where = f"; checkpoint step-{kept} kept" if kept is not None else ""
             self._end("stopped", f"Stopped after step {result.steps_done}{where}")
+            return
+        if result.status == "failed":  # it ran, saved, and did not do its job (the reason)
+            self._end("failed", f"{result.error}: {self._redact(str(result.error_message))}")
             return
         start, end = result.reward_start, result.reward_end
         self._end(
