@@ -32,7 +32,8 @@ __all__ = [
 
 OutcomeKind = Literal["result", "admission_rejected", "timeout", "cancelled", "transport_error"]
 DEADLINE_GRACE_SEC = 60.0
-MIN_GRACE_SEC = 1.0
+MIN_GRACE_SEC = 0.5
+CANCEL_AFTER_DEADLINE_SEC = 5.0
 UNBOUNDED_DEADLINE_SEC = 3600.0
 
 
@@ -54,15 +55,30 @@ class DispatchRequest:
     @property
     def deadline(self) -> float:
         """Seconds to wait after admission: the agent and grader timeouts plus a grace of
-        their sum, at most 60 s (at least 1 s), so a server that ignores its own deadlines
-        is given up on within twice them; 3600 when one is unset."""
+        half their sum (at most 60 s, at least 0.5 s); 3600 when one is unset. With
+        :attr:`cancel_bound`, a server that ignores its own deadlines is given up on within
+        twice them."""
         if self.deadline_sec is not None:
             return self.deadline_sec
+        budget = self._budget()
+        if budget is None:
+            return UNBOUNDED_DEADLINE_SEC
+        return budget + min(DEADLINE_GRACE_SEC, max(budget / 2, MIN_GRACE_SEC))
+
+    @property
+    def cancel_bound(self) -> float:
+        """Seconds the remote cancel after a missed deadline may take: a quarter of the
+        agent and grader timeouts' sum, at most 5 s (at least 0.5 s)."""
+        budget = self._budget()
+        if budget is None or self.deadline_sec is not None:
+            return CANCEL_AFTER_DEADLINE_SEC
+        return min(CANCEL_AFTER_DEADLINE_SEC, max(budget / 4, MIN_GRACE_SEC))
+
+    def _budget(self) -> float | None:
         grader = self.grader_timeout_sec if self.grade else 0.0
         if self.agent_timeout_sec is None or grader is None:
-            return UNBOUNDED_DEADLINE_SEC
-        budget = max(self.agent_timeout_sec, 0.0) + max(grader, 0.0)
-        return budget + min(DEADLINE_GRACE_SEC, max(budget, MIN_GRACE_SEC))
+            return None
+        return max(self.agent_timeout_sec, 0.0) + max(grader, 0.0)
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,10 @@ class Dispatcher:
         return None
 
     async def _timed_out(self, attempt: _Attempt) -> DispatchOutcome:
-        disposition = await self._cancel_remote(attempt.rollout_id)
+        disposition = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(attempt.request.cancel_bound):
+                disposition = await self._cancel_remote(attempt.rollout_id)
         return self._outcome(
             attempt,
             "timeout",

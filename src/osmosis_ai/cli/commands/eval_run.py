@@ -226,12 +226,14 @@ def _cli_error(exc: Exception) -> Exception:
             "url": exc.url,
             "status_code": exc.status_code,
             "provider_message": exc.provider_message,
+            "exception_type": type(exc).__name__,
         }
         code = CLIErrorCode.NETWORK if isinstance(exc, UpstreamConnectionError) else None
         message = f"The model check failed, so no rollout was started: {exc}"
         return CLIError(code or CLIErrorCode.VALIDATION, message, details)
     if isinstance(exc, RolloutServerError | ControllerServiceError):
-        return CLIError(CLIErrorCode.VALIDATION, f"Rollout server: {exc}")
+        details = {"exception_type": type(exc).__name__}
+        return CLIError(CLIErrorCode.VALIDATION, f"Rollout server: {exc}", details)
     if isinstance(exc, RunLockedError):
         details = {"run_name": exc.run_name, "lock": str(exc.lock_path), "pid": exc.holder_pid}
         return CLIError(CLIErrorCode.CONFLICT, str(exc), details)
