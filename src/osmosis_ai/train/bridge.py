@@ -18,8 +18,10 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from osmosis_ai.controller.dispatch import DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.policy.upstream import failure_answer
 from osmosis_ai.controller.rollout_process import OutputTail, stop_if_ours
-from osmosis_ai.errors import UsageError
+from osmosis_ai.deadlines import ROLLOUT_IO
+from osmosis_ai.errors import DeadlineError, UsageError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 from osmosis_ai.train.errors import TrainingError
 
@@ -36,6 +39,13 @@ if TYPE_CHECKING:
 
 POLICY_MODEL_NAME = "osmosis-policy"
 _CLOSE_WAIT_SEC = 30.0
+_FIRST_WORD_SEC = 30.0  # an I/O process may take this long to import before it first speaks
+
+
+class RolloutIOStalledError(TrainingError, DeadlineError):
+    """The trainer heard nothing from its rollout I/O process (which speaks at least every
+    quarter of the deadline while it lives) within ``OSMOSIS_ROLLOUT_IO_STALL_S``: it is
+    stopped or hung, and the step cannot finish."""
 
 
 class TrainingUpstream:
@@ -163,6 +173,11 @@ class RolloutBridge:
         self._tail = OutputTail()
         self._arrived: dict[int, dict[int, DispatchOutcome]] = {}  # outcomes of running batches
         self._replies: list[tuple[Any, ...]] = []  # answers for the I/O process, not yet sent
+        # The I/O process speaks at least every quarter of this while it lives (a beat when
+        # it has nothing else to say); a wait that hears nothing for longer ends.
+        self.stall_s = ROLLOUT_IO.seconds()
+        self._heard: float | None = None  # when the I/O process last sent anything
+        self._spawned_at = 0.0
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -171,6 +186,11 @@ class RolloutBridge:
 
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def io_pid(self) -> int | None:
+        """The rollout I/O process's pid, while it is started."""
+        return None if self._process is None else self._process.pid
 
     def output_tail(self, lines: int = 25) -> str:
         return self._tail.text(lines)
@@ -187,6 +207,7 @@ class RolloutBridge:
         started: Future[tuple[str, int]] = Future()
         self._futures["started", 0] = started
         try:
+            self._spawned_at = time.monotonic()
             with theirs:
                 self._process = subprocess.Popen(
                     [sys.executable, "-m", "osmosis_ai.train.rollout_io"],
@@ -204,7 +225,7 @@ class RolloutBridge:
             for thread in self._threads:
                 thread.start()
             channel.send("start", self._spec)
-            self.generation, self.port = started.result()
+            self.generation, self.port = self._wait(started, "starting the rollout server")
         except BaseException:
             self.close()
             raise
@@ -242,8 +263,9 @@ class RolloutBridge:
         return RolloutBatch(number, outcomes)
 
     def finish(self, batch: RolloutBatch) -> list[DispatchOutcome]:
-        """Wait for the outcomes of a :meth:`launch`, in the order of its requests."""
-        return batch.outcomes.result()
+        """Wait for the outcomes of a :meth:`launch`, in the order of its requests; a
+        :class:`RolloutIOStalledError` when the I/O process falls silent for ``stall_s``."""
+        return self._wait(batch.outcomes, f"rollout batch {batch.number}")
 
     def abandon(self, batch: RolloutBatch) -> None:
         """Cancel a :meth:`launch` nobody will collect (its remote rollouts too) and wait
@@ -256,7 +278,7 @@ class RolloutBridge:
         done: Future[None] = self._expect("abandoned", batch.number)
         try:
             self._channel.send("abandon", batch.number)
-            done.result()
+            self._wait(done, f"cancelling rollout batch {batch.number}")
         except Exception:  # (OSError, or the I/O process's failure)
             pass  # the I/O process is gone: nothing runs any more
 
@@ -287,6 +309,35 @@ class RolloutBridge:
 
     # -- the channel -----------------------------------------------------------------------
 
+    def _wait(self, future: Future[Any], doing: str) -> Any:
+        """``future``'s result, or :class:`RolloutIOStalledError` once the I/O process has
+        been silent for ``stall_s`` (before its first word, for at least 30 s): it is then
+        killed, and every other wait on it ends with the same error."""
+        while True:
+            try:
+                return future.result(timeout=min(1.0, self.stall_s / 4))
+            except FutureTimeout:
+                pass
+            heard = self._heard
+            allowed = self.stall_s if heard is not None else max(self.stall_s, _FIRST_WORD_SEC)
+            since = heard if heard is not None else self._spawned_at
+            silent = time.monotonic() - since
+            if silent <= allowed:
+                continue
+            process = self._process
+            pid = process.pid if process is not None else None
+            error = ROLLOUT_IO.error(
+                RolloutIOStalledError,
+                f"the rollout I/O process (pid {pid}) sent nothing for {silent:.1f}s while "
+                f"{doing}: it is stopped or hung, so it was killed",
+                allowed,
+            )
+            if process is not None:
+                with contextlib.suppress(OSError):
+                    process.kill()
+            self._gone(str(error), error)
+            raise error
+
     def _expect(self, kind: str, number: int) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
@@ -312,7 +363,9 @@ class RolloutBridge:
         assert channel is not None
         try:
             while True:
-                for message in unpack(channel.recv()):
+                received = channel.recv()
+                self._heard = time.monotonic()
+                for message in unpack(received):
                     self._handle(message)
         except (EOFError, OSError):
             pass

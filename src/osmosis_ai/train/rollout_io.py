@@ -39,6 +39,7 @@ from osmosis_ai.controller.rollout_process import RolloutServerProcess
 from osmosis_ai.controller.service import ControllerService
 from osmosis_ai.controller.upstream import Preflight, Upstream
 from osmosis_ai.controller.upstreams import OpenAICompatibleUpstream
+from osmosis_ai.deadlines import MODEL_CALL, ROLLOUT_IO
 from osmosis_ai.errors import OsmosisError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 
@@ -134,11 +135,21 @@ class RolloutIO:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_reader(self.channel.fileno(), self._readable)
+        beat = asyncio.ensure_future(self._beat(ROLLOUT_IO.seconds() / 4))
         try:
             await self._done.wait()
         finally:
+            beat.cancel()
             loop.remove_reader(self.channel.fileno())
             await self._close()
+
+    async def _beat(self, every: float) -> None:
+        """Say something at least every ``every`` seconds: the trainer takes a silence of
+        four times that for a stopped or hung process (:class:`RolloutIOStalledError`)."""
+        self._send("beat")
+        while True:
+            await asyncio.sleep(every)
+            self._send("beat")
 
     # -- messages --------------------------------------------------------------------------
 
@@ -227,7 +238,9 @@ class RolloutIO:
         if spec.base_url is None:
             inner = TrainerPolicy(self, spec.model)
         else:
-            inner = OpenAICompatibleUpstream(spec.base_url, spec.api_key, spec.model)
+            inner = OpenAICompatibleUpstream(
+                spec.base_url, spec.api_key, spec.model, timeout=MODEL_CALL.seconds()
+            )
         served = RunSampling(
             inner,
             temperature=start.temperature,
