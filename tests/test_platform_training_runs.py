@@ -556,3 +556,63 @@ def test_metrics_answer_and_export_write_non_finite_values_as_null(cli: Platform
     assert stopped.code == 0, stopped.err
     assert stopped.json()["operation"] == "train.stop"
     assert stopped.json()["resource"]["status"] == "stopped"
+
+
+GRADED = 'ctx.set_reward(1.0 if answer == (ctx.label or "").strip() else 0.0)'
+CONSTANT = "ctx.set_reward(0.5)  # the same reward for every answer"
+
+
+@pytest.mark.timeout(600)
+def test_a_run_without_a_learning_signal_ends_failed_saying_why_everywhere(
+    cli: Platform, capsys, tmp_path: Path
+):
+    platform = cli
+    main = platform.origin / "rollouts" / "copy-digit" / "main.py"
+    assert GRADED in main.read_text()
+    main.write_text(main.read_text().replace(GRADED, CONSTANT))
+    git(platform.origin, "commit", "-q", "-am", "a grader that gives every answer 0.5")
+    # 10 rows x 4 epochs / 4 prompts = 10 steps, so the default patience is 2 steps
+    training = {**SHORT_TRAINING, "total_epochs": 4}
+    platform.submit(training, {"eval_interval": 100, "checkpoint_save_freq": 100}, {"seed": 0})
+    claim = platform.claim("w1")
+    from osmosis_ai.platform.worker.train_job import execute
+
+    execute(platform.context(claim))
+
+    run = platform.run_row(claim.run_id)
+    assert run.status == "failed", platform.logs(run.id)
+    assert run.error is not None
+    assert run.error.startswith("no_learning_signal: no learning signal for 2 consecutive steps")
+    assert "Check the grader" in run.error
+    assert (run.current_step, run.total_steps) == (2, 10)
+    logs = platform.logs(run.id)
+    assert any(m.startswith("no learning signal for 2 steps in a row") for m in logs)
+    assert logs[-1] == run.error  # the run's last log line says why it failed
+
+    with platform.client() as client:
+        detail = client.get(f"/api/cli/training-runs/{run.name}").json()["training_run"]
+        assert (detail["status"], detail["error"]) == ("failed", run.error)
+        listed = client.get("/api/cli/training-runs").json()["training_runs"]
+        assert listed[0]["error"] == run.error
+        saved = client.get(f"/api/cli/training-runs/{run.name}/checkpoints").json()
+        assert [c["checkpoint_step"] for c in saved["checkpoints"]] == [2]  # nothing lost
+
+    info = invoke(capsys, "--json", "train", "info", run.name, "-o", str(tmp_path / "x.json"))
+    assert info.code == 0, info.err
+    block = info.json()["data"]["training_run"]
+    assert (block["status"], block["error"]) == ("failed", run.error)
+    shown = invoke(capsys, "--plain", "train", "info", run.name, "-o", str(tmp_path / "x.json"))
+    assert f"Error: {run.error}" in shown.out.splitlines()
+
+    with httpx.Client(base_url=platform.url, follow_redirects=False, timeout=30) as browser:
+        login = browser.get("/login").text
+        csrf = login.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        signed = browser.post(
+            "/login",
+            data={"csrf": csrf, "email": platform.alice.email, "token": platform.alice.token},
+        )
+        assert signed.status_code == 303, signed.text
+        page = browser.get(f"/w/Copy/trainings/{run.name}")
+        assert page.status_code == 200, page.text[:500]
+        assert 'data-test="run-error"' in page.text
+        assert "no_learning_signal: no learning signal for 2 consecutive steps" in page.text

@@ -53,6 +53,7 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             **training_runs.training_run(run),
             "examples_processed_count": run.get("examples_processed_count"),
             "notes": run.get("notes"),
+            "error": run.get("error"),
         },
         "config": body.get("config"),
         "entrypoint": body.get("entrypoint"),
@@ -104,6 +105,7 @@ def _fields(
     fields: list[tuple[str, object]] = [
         ("Name", run.get("name")),
         ("Status", run.get("status")),
+        ("Error", run.get("error")),
         ("Base model", run.get("model_name")),
         ("Dataset", run.get("dataset_name")),
         ("Rollout", run.get("rollout_name")),

@@ -103,6 +103,7 @@ class RunFieldsOut(WireModel):
     creator_name: str | None = None
     creator_email: str | None = None
     platform_url: str | None = None
+    error: str | None = None  # why a failed or crashed run ended (e.g. no_learning_signal: …)
 
 
 class RunBlockOut(RunFieldsOut):
@@ -210,6 +211,7 @@ def _fields(run: Run, people: dict[str, service.Person]) -> Table:
         "completed_at": run.completed_at,
         "creator_name": creator.name if creator else None,
         "creator_email": creator.email if creator else None,
+        "error": run.error,
     }
 
 
