@@ -192,9 +192,18 @@ async def test_an_import_declaring_a_petabyte_is_refused_before_signing(team):
             json=_import_body([_file("index.jsonl", size=10**15)]),
             headers=bob.headers(REPO),
         )
+        trajectory = await client.post(
+            "/api/cli/eval-runs/imports",
+            json=_import_body(
+                [_file("index.jsonl", b"x"), _file("trajectories/row_0_run_0.json", size=2**30)]
+            ),
+            headers=bob.headers(REPO),
+        )
     assert answer.status_code == 400, answer.text
     assert answer.json()["code"] == "FILE_TOO_LARGE"
     assert str(10**15) in answer.json()["message"]
+    assert trajectory.status_code == 400 and trajectory.json()["code"] == "FILE_TOO_LARGE"
+    assert "67108864 bytes" in trajectory.json()["message"]
     with harness.platform.read() as db:
         assert db.scalars(select(Run)).all() == []
         assert db.scalars(select(EvalImport)).all() == []

@@ -53,6 +53,7 @@ DOWNLOAD_EXPIRES_IN = 900
 MAX_DOWNLOAD_ITEMS = 500
 MAX_UPLOAD_PATHS = 100
 IMPORT_EXPIRES = timedelta(days=1)
+MAX_TRAJECTORY_BYTES = 64 * 1024 * 1024  # each is parsed whole at finalize
 ENDED_IMPORTS = ("failed", "expired")  # its run failed; asking again starts a new session
 UPLOAD_EXPIRES_IN = 3600
 CONTENT_TYPE = "application/octet-stream"
@@ -474,6 +475,13 @@ def _check_import(request: ImportRequest) -> None:
                 f"{item.path!r}: a size and a hex SHA-256 are needed", field="files"
             )
         storage.check_file_size(item.size, name=repr(item.path), field="files")
+        if item.path.startswith("trajectories/") and item.size > MAX_TRAJECTORY_BYTES:
+            raise InvalidRequest(
+                f"{item.path!r} declares {item.size} bytes; a trajectory is read whole when "
+                f"the import is finalized, so it may hold at most {MAX_TRAJECTORY_BYTES} bytes",
+                field="files",
+                code="FILE_TOO_LARGE",
+            )
     for key in ("name", "model_path", "dataset_name", "rollout_name"):
         if not isinstance(request.run.get(key), str) or not request.run.get(key):
             raise InvalidRequest(f"run.{key} is required", field=f"run.{key}")
