@@ -8,6 +8,11 @@ Measures, over N sequential trials of a minimal task (``FROM ubuntu`` + ``WORKDI
   a Docker engine answers and Compose V2 is installed (else it says which is missing);
 * ``concurrent``: 8 sandboxes started, used and stopped at once, K rounds; errors counted.
 
+With ``--baseline-src DIR`` (the ``src`` folder of another checkout, e.g. from ``git archive
+REV src``), that checkout's sandbox runs in the same process, its trials interleaved with
+this one's (alternating which goes first), and each series prints both p50s and their ratio:
+a before/after comparison under the same machine load.
+
 Target: sandbox p50 <= 150 ms. Needs Python >= 3.12 with the harbor extra, Linux, root and
 bubblewrap: ``.venv-harbor/bin/python bench/harbor_sandbox.py [--trials 30]``.
 """
@@ -51,7 +56,27 @@ def write_task(root: Path) -> Path:
     return task
 
 
-def make_env(kind: str, task_dir: Path, work: Path, **kwargs: Any) -> Any:
+BASELINE_MODULE = "osmosis_baseline_sandbox"
+
+
+def load_baseline(src: Path) -> str:
+    """Import another checkout's sandbox module; returns its Harbor import path."""
+    import importlib.util
+
+    path = src / "osmosis_ai" / "rollout" / "backend" / "harbor" / "sandbox.py"
+    if not path.is_file():
+        raise SystemExit(f"--baseline-src {src}: no {path} (give a checkout's src folder)")
+    spec = importlib.util.spec_from_file_location(BASELINE_MODULE, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[BASELINE_MODULE] = module
+    spec.loader.exec_module(module)
+    return f"{BASELINE_MODULE}:LocalSandboxEnvironment"
+
+
+def make_env(
+    kind: str, task_dir: Path, work: Path, import_path: str | None = None, **kwargs: Any
+) -> Any:
     from harbor.environments.factory import EnvironmentFactory
     from harbor.models.environment_type import EnvironmentType
     from harbor.models.task.task import Task
@@ -68,7 +93,7 @@ def make_env(kind: str, task_dir: Path, work: Path, **kwargs: Any) -> Any:
     if kind == "docker":
         config = EnvironmentConfig(type=EnvironmentType.DOCKER)
     else:
-        config = EnvironmentConfig(import_path=SANDBOX_IMPORT_PATH, kwargs=kwargs)
+        config = EnvironmentConfig(import_path=import_path or SANDBOX_IMPORT_PATH, kwargs=kwargs)
     return EnvironmentFactory.create_environment_from_config(
         config,
         environment_dir=task.paths.environment_dir,
@@ -80,8 +105,10 @@ def make_env(kind: str, task_dir: Path, work: Path, **kwargs: Any) -> Any:
     )
 
 
-async def one_trial(kind: str, task_dir: Path, work: Path, **kwargs: Any) -> float:
-    env = make_env(kind, task_dir, work, **kwargs)
+async def one_trial(
+    kind: str, task_dir: Path, work: Path, import_path: str | None = None, **kwargs: Any
+) -> float:
+    env = make_env(kind, task_dir, work, import_path, **kwargs)
     started = time.perf_counter()
     await env.start(force_build=False)
     try:
@@ -101,6 +128,26 @@ async def series(label: str, kind: str, n: int, task_dir: Path, work: Path, **kw
     if kind == "sandbox" and label.startswith("sandbox public"):
         verdict = "met" if p50 <= TARGET_P50_MS else "MISSED"
         print(f"{'':<28} target p50 <= {TARGET_P50_MS:.0f} ms: {verdict}")
+
+
+async def compared(
+    label: str, baseline: str, n: int, task_dir: Path, work: Path, **kwargs: Any
+) -> None:
+    """The baseline checkout's sandbox and this one, trial for trial, alternating order."""
+    for path in (baseline, None):  # warm-up, not counted
+        await one_trial("sandbox", task_dir, work, path, **dict(kwargs))
+    times: dict[str | None, list[float]] = {baseline: [], None: []}
+    for i in range(n):
+        for path in (baseline, None) if i % 2 == 0 else (None, baseline):
+            times[path].append(await one_trial("sandbox", task_dir, work, path, **dict(kwargs)))
+    before, after = statistics.median(times[baseline]), statistics.median(times[None])
+    for name, values in (("baseline", times[baseline]), ("this checkout", times[None])):
+        p50, p95 = statistics.median(values), percentile(values, 0.95)
+        print(f"{label + ' ' + name:<40} n={n:<4} p50={p50:7.1f} ms  p95={p95:7.1f} ms")
+    print(f"{label + ' this/baseline p50':<40} {after / before:.2f}x")
+    if label.startswith("sandbox public"):
+        verdict = "met" if after <= TARGET_P50_MS else "MISSED"
+        print(f"{'':<40} target p50 <= {TARGET_P50_MS:.0f} ms: {verdict}")
 
 
 async def concurrent(rounds: int, width: int, task_dir: Path, work: Path) -> None:
@@ -150,6 +197,11 @@ async def main() -> int:
     parser.add_argument("--trials", type=int, default=30, help="sequential trials per series")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of concurrent sandboxes")
     parser.add_argument("--width", type=int, default=8, help="sandboxes per concurrent round")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="another checkout's src folder: compare its sandbox with this one, interleaved",
+    )
     args = parser.parse_args()
 
     if sys.version_info < (3, 12):
@@ -169,16 +221,22 @@ async def main() -> int:
         work = Path(scratch)
         task_dir = write_task(work)
         print(f"trial overhead (start + one exec + stop, no agent), {os.cpu_count()} CPUs")
-        await series("sandbox public", "sandbox", args.trials, task_dir, work)
-        await series(
-            "sandbox no-network+forward",
-            "sandbox",
-            args.trials,
-            task_dir,
-            work,
-            network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK),
-            forward_endpoints=["http://127.0.0.1:9/v1"],
-        )
+        no_network: dict[str, Any] = {
+            "network_policy": NetworkPolicy(network_mode=NetworkMode.NO_NETWORK),
+            "forward_endpoints": ["http://127.0.0.1:9/v1"],
+        }
+        if args.baseline_src is not None:
+            baseline = load_baseline(args.baseline_src.resolve())
+            print(f"baseline: {args.baseline_src}")
+            await compared("sandbox public", baseline, args.trials, task_dir, work)
+            await compared(
+                "sandbox no-network+forward", baseline, args.trials, task_dir, work, **no_network
+            )
+        else:
+            await series("sandbox public", "sandbox", args.trials, task_dir, work)
+            await series(
+                "sandbox no-network+forward", "sandbox", args.trials, task_dir, work, **no_network
+            )
         if (missing := docker_baseline_missing(docker_engine_answers())) is None:
             await series(
                 "docker (Harbor's own)", "docker", max(3, args.trials // 5), task_dir, work

@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import inspect
 import ipaddress
 import json
@@ -77,6 +78,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from glob import glob
+from glob import has_magic as glob_magic
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -121,6 +123,12 @@ _DEFAULT_HIDDEN = (
     "~/.netrc",
     "~/.git-credentials",
     "~/.pypirc",
+    "~/.npmrc",
+    "~/.gnupg",
+    "~/.kube",
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/ssh/ssh_host_*_key",
 )
 
 
@@ -555,14 +563,17 @@ def default_environment_config(**kwargs: Any) -> Any:
 
 @dataclass
 class _Holder:
-    """The trial's running sandbox: the privileged helper (its process), bubblewrap's init
-    in the trial's PID namespace, the holder process inside, and the helper's control socket
-    (commands are started through it)."""
+    """A running trial: its privileged helper (a session of its own, ``pidfd`` to wait on
+    it), the helper's control socket (commands start through it), the holder's stdin and
+    stdout, bubblewrap's init in the trial's PID namespace and the holder process inside."""
 
-    process: subprocess.Popen[bytes]
-    init_pid: int
-    pid: int
+    helper_pid: int
+    pidfd: int
     control: socket.socket
+    stdin: Any
+    stdout: Any
+    init_pid: int = 0
+    pid: int = 0
 
     async def start_command(self, spec: dict[str, Any], stdio: Sequence[Any]) -> socket.socket:
         """Ask the helper to start a command; returns the socket its pid and status come on."""
@@ -817,40 +828,41 @@ class LocalSandboxEnvironment(BaseEnvironment):
             "id_count": TRIAL_ID_COUNT,
             **{name: str(trial_dir / name) for name in ("lower", "upper", "work", "merged")},
             "binds": binds,
-            "bwrap": self._bwrap_command(write_fd),
+            "bwrap": self._bwrap_command(),
+            # the holder: keeps the namespaces alive until the sandbox is stopped
+            "command": ["/bin/sh", "-c", "echo ready; read _"],
             "path": os.environ.get("PATH", BASE_PATH),
-            "info_fd": write_fd,
-            "control_fd": control_child.fileno(),
             "last_cap": _last_capability(),
         }
-        spec_fd = _spec_file(spec)
         errors = trial_dir / "io" / "holder.err"
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
         try:
             with errors.open("wb") as stderr:
-                process = subprocess.Popen(
-                    [sys.executable, "-I", "-S", _ENTER_SCRIPT, "holder", str(spec_fd)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=stderr,
-                    pass_fds=(write_fd, spec_fd, control_child.fileno()),
-                    start_new_session=True,
-                    env={"PATH": os.environ.get("PATH", BASE_PATH)},
+                helper_pid = _launcher.launch(
+                    spec, [stdin_r, stdout_w, stderr.fileno(), write_fd, control_child.fileno()]
                 )
         except BaseException:
+            for fd in (read_fd, stdin_w, stdout_r):
+                os.close(fd)
             control.close()
-            os.close(read_fd)
             raise
         finally:
-            os.close(write_fd)
-            os.close(spec_fd)
+            for fd in (write_fd, stdin_r, stdout_w):
+                os.close(fd)
             control_child.close()
+        holder = _Holder(
+            helper_pid,
+            os.pidfd_open(helper_pid),
+            control,
+            os.fdopen(stdin_w, "wb", buffering=0),
+            os.fdopen(stdout_r, "rb"),
+        )
         try:
-            init_pid = _wait_ready(process, read_fd)
-            holder = _Holder(process, init_pid, _child_of(init_pid), control)
+            holder.init_pid = _wait_ready(holder.stdout, read_fd)
+            holder.pid = _child_of(holder.init_pid)
         except (SandboxError, OSError, ValueError) as exc:
-            control.close()
-            _kill_group(process.pid)
-            process.wait()
+            _end_holder(holder)
             detail = errors.read_text(errors="replace").strip()
             raise SandboxError(f"the sandbox did not start: {detail or exc}") from None
         finally:
@@ -876,7 +888,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         upper = trial_dir / "upper"
         # the upper folder's root is the trial's "/" (as the host's root shows inside), and
         # /tmp is the trial's own: both belong to the trial's root
-        _mirror_owner(Path("/"), upper)
+        _mirror_owner("/", str(upper))
         os.chown(trial_dir / "tmp", TRIAL_ID_BASE, TRIAL_ID_BASE)
         (trial_dir / "tmp").chmod(0o1777)
         restricted = self._network_mode() != NetworkMode.PUBLIC
@@ -889,8 +901,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._routes, self._loopback_addresses = routes, addresses
         if names:
             self._write_hosts_file(upper, names)
+        root_dev = os.stat("/").st_dev
         for hidden in self._hidden_paths():
-            _whiteout(upper, hidden)
+            _whiteout(str(upper), hidden, root_dev)
         binds: list[tuple[str, str, bool]] = [(str(trial_dir / "tmp"), "/tmp", False)]
         # /tmp is the trial's own: keep this Python visible
         binds += [(str(path), str(path), True) for path in _runtime_under_tmp()]
@@ -907,7 +920,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             binds.append((str(source), str(mount["target"]), read_only))
         return binds
 
-    def _bwrap_command(self, info_fd: int) -> list[str]:
+    def _bwrap_command(self) -> list[str]:
         bwrap_path = shutil.which("bwrap")
         if bwrap_path is None:
             raise SandboxError("bwrap is not installed (apt-get install bubblewrap)")
@@ -924,16 +937,19 @@ class LocalSandboxEnvironment(BaseEnvironment):
         ]  # fmt: skip
         if self._network_mode() != NetworkMode.PUBLIC:
             bwrap.append("--unshare-net")
-        return [*bwrap, "--info-fd", str(info_fd), "--", "/bin/sh", "-c", "echo ready; read _"]
+        return bwrap
 
-    def _hidden_paths(self) -> list[Path]:
-        """Host paths the trial must not see: the configured ones, this machine's sandbox
-        state (other trials' files) and the other trials of this job."""
-        paths = [Path(os.path.expanduser(p)) for p in self._hidden]
-        paths.append(self._state_root)
-        trials = Path(self.trial_paths.trial_dir).resolve().parent
-        runtime = [Path(p).resolve() for p in (sys.prefix, sys.base_prefix, __file__)]
-        if trials != Path("/") and not any(r.is_relative_to(trials) for r in runtime):
+    def _hidden_paths(self) -> list[str]:
+        """Host paths the trial must not see: the configured ones (``~`` expanded, globs
+        matched), this machine's sandbox state (other trials' files) and the other trials
+        of this job."""
+        paths: list[str] = []
+        for pattern in self._hidden:
+            expanded = os.path.expanduser(pattern)
+            paths += glob(expanded) if glob_magic(expanded) else [expanded]
+        paths.append(os.path.abspath(self._state_root))
+        trials = os.path.dirname(os.path.realpath(self.trial_paths.trial_dir))
+        if trials != "/" and not any(_is_within(p, trials) for p in _runtime_paths()):
             paths.append(trials)
         return paths
 
@@ -944,7 +960,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             base = "127.0.0.1 localhost\n"
         lines = [base.rstrip("\n"), "# forwarded by the local sandbox"]
         lines += [f"{address} {name}" for name, address in names.items()]
-        _mirror_parents(upper, Path("/etc/hosts"))
+        _mirror_parents(str(upper), "/etc/hosts")
         hosts = upper / "etc" / "hosts"
         hosts.write_text("\n".join(lines) + "\n")
         os.chown(hosts, TRIAL_ID_BASE, TRIAL_ID_BASE)
@@ -1164,10 +1180,9 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
 
 
-def _wait_ready(process: subprocess.Popen[bytes], info_fd: int) -> int:
+def _wait_ready(stdout: Any, info_fd: int) -> int:
     """bubblewrap's init pid (host numbering) once the holder inside says ``ready``."""
     deadline = time.monotonic() + _ATTACH_TIMEOUT_SEC
-    assert process.stdout is not None
 
     def wait_readable(fd: int) -> None:
         left = deadline - time.monotonic()
@@ -1187,8 +1202,8 @@ def _wait_ready(process: subprocess.Popen[bytes], info_fd: int) -> int:
         info = {}
     if not isinstance(info, dict) or "child-pid" not in info:
         raise SandboxError("bwrap did not report its pid")
-    wait_readable(process.stdout.fileno())
-    if process.stdout.readline().strip() != b"ready":
+    wait_readable(stdout.fileno())
+    if stdout.readline().strip() != b"ready":
         raise SandboxError("the holder did not say ready")
     return int(info["child-pid"])
 
@@ -1245,41 +1260,47 @@ def _trial_id(host_id: int) -> int:
     return TRIAL_ID_BASE + host_id if 0 <= host_id < TRIAL_ID_COUNT else TRIAL_ID_BASE + 65534
 
 
-def _mirror_owner(source: Path, target: Path) -> None:
+def _mirror_owner(source: str, target: str) -> None:
     """Give ``target`` (in the upper folder) ``source``'s mode, times and owner as the
     trial sees it: an upper folder's attributes are what the trial's view shows."""
-    info = source.lstat()
+    info = os.lstat(source)
     os.chown(target, _trial_id(info.st_uid), _trial_id(info.st_gid), follow_symlinks=False)
-    target.chmod(stat.S_IMODE(info.st_mode))
+    os.chmod(target, stat.S_IMODE(info.st_mode))
     os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
 
 
-def _mirror_parents(upper: Path, path: Path) -> None:
+def _mirror_parents(upper: str, path: str) -> None:
     """Create ``path``'s parent folders in the upper folder as the host has them."""
-    parents = [p for p in reversed(path.parents) if p != Path("/")]
-    for parent in parents:
-        made = upper / parent.relative_to("/")
-        if not made.is_dir():
-            made.mkdir()
-            _mirror_owner(parent, made)
-
-
-def _whiteout(upper: Path, path: Path) -> None:
-    """Hide ``path`` (and, for a link, what it points to) from the trial: an overlay whiteout
-    in the upper folder, so the trial's view has nothing there at all (nothing to unmount)."""
-    try:
-        real = path.resolve()
-    except OSError:
-        return
-    for hidden in dict.fromkeys([path.parent.resolve() / path.name, real]):
-        if hidden == Path("/") or not os.path.lexists(hidden):
+    parent = ""
+    for part in os.path.dirname(path).split("/"):
+        if not part:
             continue
-        if os.stat(hidden.parent).st_dev != os.stat("/").st_dev:
-            continue  # only the root filesystem is overlaid; other mounts show up empty
+        parent += "/" + part
+        try:
+            os.mkdir(upper + parent)
+        except FileExistsError:
+            continue
+        _mirror_owner(parent, upper + parent)
+
+
+def _whiteout(upper: str, path: str, root_dev: int) -> None:
+    """Hide ``path`` (and, for a link, what it points to) from the trial: an overlay whiteout
+    in the upper folder, so the trial's view has nothing there at all (nothing to unmount).
+    Plain string paths: this runs for every hidden path of every trial."""
+    parent = os.path.realpath(os.path.dirname(path))
+    named = os.path.join(parent, os.path.basename(path))
+    for hidden in {named, os.path.realpath(named)}:
+        if hidden == "/":
+            continue
+        try:
+            os.lstat(hidden)
+            if os.stat(os.path.dirname(hidden)).st_dev != root_dev:
+                continue  # only the root filesystem is overlaid; other mounts show up empty
+        except OSError:
+            continue
         _mirror_parents(upper, hidden)
-        target = upper / hidden.relative_to("/")
-        if not os.path.lexists(target):
-            os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+        with contextlib.suppress(FileExistsError):
+            os.mknod(upper + hidden, stat.S_IFCHR | 0o600, os.makedev(0, 0))
 
 
 def _give_to_trial(folder: Path) -> None:
@@ -1307,21 +1328,93 @@ def _add_loopback_address(netns: str, address: str) -> None:
 
 
 def _end_holder(holder: _Holder) -> None:
-    """End the sandbox: killing the PID namespace's init kills every process in it."""
+    """End the sandbox: killing the PID namespace's init kills every process in it, and the
+    helper ends with it (or when its control socket closes)."""
     holder.control.close()
-    process = holder.process
     with contextlib.suppress(OSError):
-        if process.stdin is not None:
-            process.stdin.close()
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(holder.init_pid, signal.SIGKILL)
+        holder.stdin.close()
+    if holder.init_pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(holder.init_pid, signal.SIGKILL)
     try:
-        process.wait(timeout=_STOP_GRACE_SEC)
-    except subprocess.TimeoutExpired:
-        _kill_group(process.pid)
-        process.wait()
-    if process.stdout is not None:
-        process.stdout.close()
+        if not select.select([holder.pidfd], [], [], _STOP_GRACE_SEC)[0]:
+            _kill_group(holder.helper_pid)
+            if not select.select([holder.pidfd], [], [], _STOP_GRACE_SEC)[0]:
+                raise SandboxError(
+                    f"the sandbox helper (pid {holder.helper_pid}) did not end after SIGKILL"
+                )
+    finally:
+        os.close(holder.pidfd)
+        holder.stdout.close()
+
+
+class _Launcher:
+    """The one process (per host process) that starts trials: ``sandbox_enter.py launcher``,
+    run as root; it forks a helper per trial, which saves an interpreter start per trial.
+    Started on first use, again if it has ended; it ends when this process does."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+
+    def launch(self, spec: dict[str, Any], fds: Sequence[int]) -> int:
+        """Start one trial's helper with ``spec`` and the holder's stdin, stdout, stderr,
+        bubblewrap's info pipe and the control socket; returns the helper's pid."""
+        spec_fd = _spec_file(spec)
+        try:
+            with self._lock:
+                sock = self._running()
+                try:
+                    socket.send_fds(sock, [b"holder"], [spec_fd, *fds])
+                    answer = sock.recv(65536).decode(errors="replace")
+                except OSError as exc:
+                    self._stop()
+                    raise SandboxError(f"the sandbox launcher did not answer: {exc}") from None
+        finally:
+            os.close(spec_fd)
+        word, _, value = answer.partition(" ")
+        if word != "pid":
+            if not answer:
+                self._stop()
+            raise SandboxError(f"the sandbox launcher could not start a trial: {value or 'ended'}")
+        return int(value)
+
+    def _running(self) -> socket.socket:
+        if self._process is not None and self._process.poll() is None and self._socket:
+            return self._socket
+        self._stop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", _ENTER_SCRIPT, "launcher", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                env={"PATH": os.environ.get("PATH", BASE_PATH)},
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.settimeout(_ATTACH_TIMEOUT_SEC)
+        self._socket = ours
+        return ours
+
+    def _stop(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self._process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+            self._process.wait()
+            self._process = None
+
+
+_launcher = _Launcher()
 
 
 def _copy_sources(
@@ -1416,14 +1509,23 @@ def _download_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo
         return None  # a link that points out of the folder: dropped, never followed
 
 
-def _runtime_under_tmp() -> list[Path]:
-    """This interpreter's environment and the SDK's own folder when they lie under ``/tmp``
-    (a checkout or virtual environment there): the sandbox has a ``/tmp`` of its own, and the
-    in-sandbox runner runs on this Python."""
+@functools.cache
+def _runtime_paths() -> tuple[str, ...]:
+    """This interpreter's environment and installation and the SDK's own folder."""
     import osmosis_ai
 
-    tmp = Path("/tmp")
-    candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(osmosis_ai.__file__).parents[1]}
-    found = sorted({p.resolve() for p in candidates if p.resolve().is_relative_to(tmp)})
+    package = Path(osmosis_ai.__file__).parents[1]
+    return tuple(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, package))
+
+
+def _is_within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@functools.cache
+def _runtime_under_tmp() -> list[Path]:
+    """The runtime paths that lie under ``/tmp`` (a checkout or virtual environment there):
+    the sandbox has a ``/tmp`` of its own, and the in-sandbox runner runs on this Python."""
+    found = sorted({p for p in _runtime_paths() if _is_within(p, "/tmp")})
     # a folder inside another one is bound with it
-    return [p for p in found if not any(p != q and p.is_relative_to(q) for q in found)]
+    return [Path(p) for p in found if not any(p != q and _is_within(p, q) for q in found)]

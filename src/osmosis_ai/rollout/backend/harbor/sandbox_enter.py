@@ -29,6 +29,7 @@ Standard library only, and no import of the package: it starts in a few millisec
 
 from __future__ import annotations
 
+import _signal  # pyright: ignore[reportMissingImports]
 import _socket
 import ctypes
 import marshal
@@ -143,53 +144,6 @@ def _read_spec(fd: int) -> dict[str, Any]:
 # -- holder ----------------------------------------------------------------------------------
 
 
-def _make_user_namespace(base: int, count: int) -> int:
-    """A user namespace mapping ``0..count-1`` to ``base..``; returns a descriptor of it.
-
-    A child unshares it and, once mapped, forbids further user namespaces in it (it holds
-    CAP_SYS_RESOURCE there from the unshare); this process writes the maps (it is root in
-    the parent namespace).
-    """
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(ready_r)
-            os.close(go_w)
-            _check(_unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-            os.write(ready_w, b"1")
-            if os.read(go_r, 1) == b"1":
-                with open("/proc/sys/user/max_user_namespaces", "w") as limit:
-                    limit.write("0\n")
-                code = 0
-        except BaseException as exc:
-            os.write(2, f"sandbox: user namespace: {exc}\n".encode())
-        os._exit(code)
-    os.close(ready_w)
-    os.close(go_r)
-    try:
-        if os.read(ready_r, 1) != b"1":
-            raise SetupError("the user namespace could not be created")
-        for name, text in (
-            ("uid_map", f"0 {base} {count}\n"),
-            ("setgroups", "allow\n"),
-            ("gid_map", f"0 {base} {count}\n"),
-        ):
-            with open(f"/proc/{pid}/{name}", "w") as handle:
-                handle.write(text)
-        fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY)
-        os.write(go_w, b"1")
-    finally:
-        os.close(ready_r)
-        os.close(go_w)
-        _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SetupError("the user namespace could not be limited to no further namespaces")
-    return fd
-
-
 def _idmapped_clone(source: str, target: str, userns_fd: int) -> None:
     """Mount a read-only clone of ``source`` at ``target`` seen through ``userns_fd``'s map."""
     tree = _check(
@@ -222,52 +176,100 @@ def _idmapped_clone(source: str, target: str, userns_fd: int) -> None:
         os.close(tree)
 
 
-def run_holder(spec: dict[str, Any]) -> None:
-    """Set the trial up, start bubblewrap as a child, then serve commands (see serve)."""
-    userns = _make_user_namespace(int(spec["uid_base"]), int(spec["id_count"]))
-    _check(_unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _check(_mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
-    lower, upper, work, merged = (str(spec[k]) for k in ("lower", "upper", "work", "merged"))
-    _idmapped_clone("/", lower, userns)
-    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
-    _check(_mount(b"overlay", merged.encode(), b"overlay", 0, options.encode()), "overlay")
-    # bubblewrap opens its sources as root of the trial's user namespace, which may not
-    # traverse the host folders above them (a 0700 temporary folder, say): each source is
-    # bound under a tmpfs that shadows /tmp in this private mount namespace only.
-    sources = [(merged, "/", False), *spec["binds"]]
-    opened = [os.open(str(source), os.O_PATH | os.O_CLOEXEC) for source, _, _ in sources]
+def _write_maps(pid: int, base: int, count: int) -> int:
+    """Map ``pid``'s fresh user namespace (``0..count-1`` to ``base..``); returns its fd."""
+    for name, text in (
+        ("uid_map", f"0 {base} {count}\n"),
+        ("setgroups", "allow\n"),
+        ("gid_map", f"0 {base} {count}\n"),
+    ):
+        with open(f"/proc/{pid}/{name}", "w") as handle:
+            handle.write(text)
+    return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _become_bwrap(ready: int, go: int, info_fd: int, argv: list[str], path: str) -> None:
+    """The child that becomes bubblewrap: it creates the trial's user namespace (so what
+    bubblewrap creates there, mount, PID, network... namespaces, belongs to it, not to the
+    host's), waits for its maps and the trial's mounts, forbids further user namespaces
+    inside, becomes its root and executes bubblewrap with stdio and the info pipe only."""
+    _check(_unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    os.write(ready, b"1")
+    if os.read(go, 1) != b"1":
+        raise SetupError("the trial's setup failed")
+    with open("/proc/sys/user/max_user_namespaces", "w") as limit:
+        limit.write("0\n")
+    os.setgroups([])
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    os.closerange(3, info_fd)
+    os.closerange(info_fd + 1, 1 << 20)
+    # execve, not execvpe: a PATH search imports, and this user may not read the host's
+    # Python (under a 0700 home, say)
+    os.execve(argv[0], argv, {"PATH": path})
+
+
+def _stage(sources: list[str]) -> None:
+    """Bind each source at ``/tmp/INDEX``, on a tmpfs over /tmp (this mount namespace only)."""
+    opened = [os.open(source, os.O_PATH | os.O_CLOEXEC) for source in sources]
     _check(_mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"), "staging")
-    argv = [str(spec["bwrap"][0])]
-    for index, (fd, (_, target, read_only)) in enumerate(zip(opened, sources, strict=True)):
+    for index, fd in enumerate(opened):
         staged = f"/tmp/{index}"
         if stat.S_ISDIR(os.fstat(fd).st_mode):
             os.mkdir(staged, 0o755)
         else:
             os.close(os.open(staged, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        source = f"/proc/self/fd/{fd}".encode()
         _check(
-            _mount(f"/proc/self/fd/{fd}".encode(), staged.encode(), None, MS_BIND | MS_REC, None),
-            f"staging {sources[index][0]}",
+            _mount(source, staged.encode(), None, MS_BIND | MS_REC, None),
+            f"staging {sources[index]}",
         )
         os.close(fd)
-        argv += ["--ro-bind" if read_only else "--bind", staged, str(target)]
+
+
+def run_holder(spec: dict[str, Any]) -> None:
+    """Set the trial up, start bubblewrap as a child, then serve commands (see serve)."""
+    _check(_unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
+    lower, upper, work, merged = (str(spec[k]) for k in ("lower", "upper", "work", "merged"))
+    # bubblewrap opens its sources as root of the trial's user namespace, which may not
+    # traverse the host folders above them (a 0700 temporary folder, say): each source is
+    # bound under a tmpfs that shadows /tmp in this private mount namespace only.
+    sources = [(merged, "/", False), *spec["binds"]]
+    info_fd = int(spec["info_fd"])
+    argv = [str(spec["bwrap"][0])]
+    for index, (_, target, read_only) in enumerate(sources):
+        argv += ["--ro-bind" if read_only else "--bind", f"/tmp/{index}", str(target)]
     argv += [str(word) for word in spec["bwrap"][1:]]
+    argv += ["--info-fd", str(info_fd), "--", *(str(word) for word in spec["command"])]
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
     bwrap_pid = os.fork()
     if bwrap_pid == 0:
         try:
-            # bubblewrap runs as root of the trial's user namespace, so what it creates
-            # (mount, PID, network... namespaces) belongs to that namespace, not the host's.
-            _check(_setns(userns, CLONE_NEWUSER), "entering the trial's user namespace")
-            os.setgroups([])
-            os.setresgid(0, 0, 0)
-            os.setresuid(0, 0, 0)
-            # execve, not execvpe: a PATH search imports (and the host's Python is not
-            # readable to this unprivileged user)
-            os.execve(str(spec["bwrap"][0]), argv, {"PATH": str(spec["path"])})
+            _become_bwrap(ready_w, go_r, info_fd, argv, str(spec["path"]))
         except BaseException as exc:
             os.write(2, f"sandbox: starting bwrap: {exc}\n".encode(errors="replace"))
         os._exit(127)
-    os.close(userns)
-    os.close(int(spec["info_fd"]))
+    os.close(ready_w)
+    os.close(go_r)
+    os.close(info_fd)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise SetupError("bubblewrap's user namespace could not be created")
+        userns = _write_maps(bwrap_pid, int(spec["uid_base"]), int(spec["id_count"]))
+        _idmapped_clone("/", lower, userns)
+        os.close(userns)
+        options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+        _check(_mount(b"overlay", merged.encode(), b"overlay", 0, options.encode()), "overlay")
+        _stage([str(source) for source, _, _ in sources])
+        os.write(go_w, b"1")
+    except BaseException:
+        os.kill(bwrap_pid, _signal.SIGKILL)
+        raise
+    finally:
+        os.close(ready_r)
+        os.close(go_w)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
@@ -472,13 +474,66 @@ def serve(control_fd: int, bwrap_pid: int, last_cap: int) -> None:
             _send(reply, f"pid {child}")
 
 
+# -- launcher --------------------------------------------------------------------------------
+
+
+def run_launcher(control_fd: int) -> None:
+    """Start trials on request, forking this already running process (no interpreter start
+    per trial). Each message carries six descriptors: the spec, the holder's stdin, stdout
+    and stderr, bubblewrap's info pipe and the trial's control socket; the answer is
+    ``pid N`` (the trial's helper, a session of its own) or ``error TEXT``. Ends when the
+    host process hangs up or ends (its socket closes; no parent-death signal, which would
+    follow the host thread that happened to start this one).
+    """
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # trials are reaped by the kernel
+    control = _socket.socket(fileno=control_fd)
+    while True:
+        data, fds = _receive_fds(control)
+        if not data:
+            return
+        try:
+            if len(fds) != 6:
+                raise SetupError(f"expected 6 descriptors, got {len(fds)}")
+            spec = _read_spec(fds[0])
+            spec["info_fd"], spec["control_fd"] = fds[4], fds[5]
+            pid = os.fork()
+        except (SetupError, OSError, ValueError, EOFError, TypeError) as exc:
+            for fd in fds:
+                try:  # noqa: SIM105 - contextlib is not imported here (start-up time)
+                    os.close(fd)
+                except OSError:
+                    pass
+            _send(control_fd, f"error {exc}")
+            continue
+        if pid == 0:
+            code = 0
+            try:
+                _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+                os.close(control_fd)
+                os.setsid()
+                for target, fd in enumerate(fds[1:4]):
+                    os.dup2(fd, target)
+                    os.close(fd)
+                run_holder(spec)
+            except BaseException as exc:
+                os.write(2, f"sandbox: {exc}\n".encode(errors="replace"))
+                code = 125
+            os._exit(code)
+        for fd in fds[1:]:
+            os.close(fd)
+        _send(control_fd, f"pid {pid}")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] != "holder":
-        os.write(2, b"usage: sandbox_enter.py holder SPEC_FD\n")
+    if len(argv) != 3 or argv[1] not in ("launcher", "holder"):
+        os.write(2, b"usage: sandbox_enter.py launcher CONTROL_FD | holder SPEC_FD\n")
         return 2
     code = 0
     try:
-        run_holder(_read_spec(int(argv[2])))
+        if argv[1] == "launcher":
+            run_launcher(int(argv[2]))
+        else:
+            run_holder(_read_spec(int(argv[2])))
     except BaseException as exc:
         os.write(2, f"sandbox: {exc}\n".encode(errors="replace"))
         code = 125
