@@ -18,6 +18,14 @@ under that folder, named by a hash of the rollout's ``pyproject.toml``, ``uv.loc
 file lock, so two runs never build it at once. Without it, uv keeps the environment in the
 rollout folder as before.
 
+With a containment policy in this process's environment
+(:data:`~osmosis_ai.controller.containment.CONTAINMENT_ENV`, a platform run's execute process
+sets it), the server and its ``uv sync`` run contained
+(:mod:`~osmosis_ai.controller.containment`): an environment from the allowlist plus ``env``,
+the checkout and the interpreter read-only, only the artifacts folder, a private home and
+(while building) the uv environment writable. The interpreter and the environment cache are
+then the starter's choice alone, never the run's ``env``.
+
 :meth:`RolloutServerProcess.spawn` returns as soon as the child exists, so that a controller
 can do its own start-up while the server boots, then :meth:`~RolloutServerProcess.wait_ready`;
 :meth:`~RolloutServerProcess.start` is both. httpx and packaging load only when needed.
@@ -43,8 +51,9 @@ from collections import deque
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
+from osmosis_ai.controller import containment
 from osmosis_ai.controller.errors import ControllerError
 from osmosis_ai.deadlines import ENVIRONMENT_BUILD
 from osmosis_ai.errors import DeadlineError
@@ -204,8 +213,10 @@ class RolloutServerProcess:
     _uv_environment: Path | None = field(default=None, init=False)
     _port_given: bool = field(default=False, init=False)
     _python_chosen: bool = field(default=False, init=False)
+    _containment: containment.Containment | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        self._containment = containment.from_environ()
         # The child runs with cwd=rollout_dir, so relative paths would resolve twice.
         self.rollout_dir = Path(self.rollout_dir).resolve()
         self.entrypoint = Path(self.entrypoint).resolve()
@@ -225,8 +236,14 @@ class RolloutServerProcess:
             self._command = self._decide_command()
         return self._command
 
+    def _setting(self, name: str) -> str | None:
+        """A setting of the starter: contained, the run's ``env`` cannot choose it."""
+        if self._containment is not None:
+            return os.environ.get(name)
+        return self.env.get(name) or os.environ.get(name)
+
     def _decide_command(self) -> list[str]:
-        chosen = self.env.get(PYTHON_ENV) or os.environ.get(PYTHON_ENV)
+        chosen = self._setting(PYTHON_ENV)
         if chosen:
             python = shutil.which(chosen)
             if python is None:
@@ -250,10 +267,13 @@ class RolloutServerProcess:
                 "environment: pip install uv, or pip install the missing packages here"
             )
         self.isolated = True
-        cache = self.env.get(ENV_CACHE_ENV) or os.environ.get(ENV_CACHE_ENV)
+        cache = self._setting(ENV_CACHE_ENV)
         if cache:
             self._uv_environment = Path(cache) / environment_key(self.rollout_dir)
-        return [uv, "run", "--project", str(self.rollout_dir), "python", str(self.entrypoint)]
+        # Contained, the environment is read-only once built: run it as synced.
+        frozen = ["--no-sync"] if self._containment is not None else []
+        return [uv, "run", *frozen, "--project", str(self.rollout_dir), "python",
+                str(self.entrypoint)]  # fmt: skip
 
     def sync(self) -> None:
         """Build the isolated environment (``uv sync``) when the fast path is not possible.
@@ -270,12 +290,11 @@ class RolloutServerProcess:
         with tempfile.TemporaryFile() as output:
             with self._environment_lock(ends, deadline_s):
                 # Its own group, so that a build stopped at the deadline leaves nothing behind.
-                process = subprocess.Popen(
+                process = self._popen_sync(
                     [command[0], "sync", "--project", str(self.rollout_dir)],
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
-                    env=self._uv_env({**os.environ}),
                     start_new_session=True,
                 )
                 try:
@@ -369,8 +388,38 @@ class RolloutServerProcess:
             self.port = _free_port(self.host)
             self._spawn()
 
+    def _popen_sync(self, command: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """``uv sync``: contained, it may write only the environment it builds (build
+        backends are the workspace's code)."""
+        if self._containment is None:
+            return subprocess.Popen(command, env=self._uv_env({**os.environ}), **kwargs)
+        return self._containment.popen(
+            command,
+            cwd=self.rollout_dir,
+            env=self._contained_env({}),
+            read_only=self._contained_reads(),
+            writable=[p for p in (self._uv_environment,) if p is not None],
+            **kwargs,
+        )
+
+    def _contained_env(self, more: Mapping[str, str]) -> dict[str, str]:
+        """The environment of a contained child: allowlist, ``env``, then ``more``."""
+        assert self._containment is not None
+        env = self._containment.environment(os.environ, self.env)
+        for name in (PYTHON_ENV, ENV_CACHE_ENV, containment.CONTAINMENT_ENV, "VIRTUAL_ENV"):
+            env.pop(name, None)
+        env["UV_CACHE_DIR"] = str(Path(self._containment.home) / ".cache" / "uv")
+        env.update(more)
+        return self._uv_env(env) if self.isolated else env
+
+    def _contained_reads(self) -> list[str | Path]:
+        return [*containment.interpreter_paths(), self.rollout_dir, self.entrypoint.parent]
+
     def _spawn(self) -> None:
         command = self.command()  # first: it decides whether the child is isolated
+        if self._containment is not None:
+            self._spawn_contained(command)
+            return
         env = {**os.environ, **self.env}
         if self.isolated:
             env.pop("VIRTUAL_ENV", None)  # uv picks the rollout's own environment
@@ -397,6 +446,36 @@ class RolloutServerProcess:
             command,
             cwd=self.rollout_dir,
             env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(
+            target=self._pump, name="rollout-server-output", daemon=True
+        )
+        self._reader.start()
+
+    def _spawn_contained(self, command: list[str]) -> None:
+        assert self._containment is not None
+        more = {
+            PORT_ENV: str(self.port),
+            ARTIFACT_ROOT_ENV: str(self.artifact_root),
+            INSTANCE_ID_ENV: self.instance_id,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.host != LOOPBACK:
+            more[HOST_ENV] = self.host
+        reads = self._contained_reads()
+        if self._uv_environment is not None:
+            reads.append(self._uv_environment)
+        self._tail = OutputTail()
+        self.process = self._containment.popen(
+            command,
+            cwd=self.rollout_dir,
+            env=self._contained_env(more),
+            read_only=reads,
+            writable=[self.artifact_root],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

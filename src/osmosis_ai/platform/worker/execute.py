@@ -18,8 +18,18 @@ Signals and the worker: SIGTERM sets ``ctx.stop`` (the job stops its rollout ser
 returns). SIGUSR1 (sent just before SIGTERM) means the worker is shutting down: the run is
 then not ended but handed back, so another worker resumes it. End of file on stdin means the
 worker died: this process kills everything it started and itself, and the run's lease runs out.
-The platform's own settings (``OSMOSIS_PLATFORM_*``: database URL, secret key) are removed
-from this process's environment before any run code starts, so a rollout never sees them.
+The worker starts this process without the platform's own settings (``OSMOSIS_PLATFORM_*``:
+database URL, secret key): they come in the spec, a file only the worker's user reads.
+
+Unless the platform is single-tenant (the spec's ``isolation``), the workspace's code (its
+rollout server with its grader, and the build of its environment) runs contained
+(:mod:`osmosis_ai.controller.containment`): this process puts the policy in its own
+environment, where :class:`~osmosis_ai.controller.rollout_process.RolloutServerProcess` (here
+or in a training run's rollout I/O process) finds it. The contained process sees the system
+read-only, the run's checkout read-only, and writes only its artifacts folder and a private
+home; never the data dir, the keys, the database or another run's folder; its environment is
+an allowlist plus the run's ``[env]`` and secrets. This process, which holds the database,
+never imports the workspace's modules.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from osmosis_ai.controller import containment
 from osmosis_ai.controller.rollout_process import ENV_CACHE_ENV
 from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
@@ -45,7 +56,7 @@ from osmosis_ai.platform.crypto import SecretBox, secret_key
 from osmosis_ai.platform.objects import ObjectStore
 from osmosis_ai.platform.services.runs import TERMINAL, run_secret_values
 from osmosis_ai.platform.services.work import LeaseLost
-from osmosis_ai.platform.settings import PlatformSettings, load_settings
+from osmosis_ai.platform.settings import KEY_FILES, SQLITE_FILE, PlatformSettings, load_settings
 from osmosis_ai.platform.store.database import open_database
 from osmosis_ai.platform.store.orm import Run
 from osmosis_ai.platform.worker import liveness
@@ -61,6 +72,9 @@ DEFAULT_JOBS: Mapping[str, str] = {
 RELEASE_SIGNAL = signal.SIGUSR1
 PLATFORM_ENV_PREFIX = "OSMOSIS_PLATFORM_"
 ENVS_DIR = "envs"
+HOME_DIR = "home"
+CONTAINED = "bubblewrap"
+UNCONTAINED = "none"
 TRACEBACK_CHARS = 6000
 EXIT_LEASE_LOST = 3
 EXIT_FAILED = 1
@@ -81,6 +95,10 @@ class RunSpec:
     public_url: str
     work_dir: str
     job: str
+    isolation: str = CONTAINED  # or UNCONTAINED: the platform is single-tenant
+    keys_dir: str | None = None
+    bwrap: str = "bwrap"
+    sandbox_uid: int | None = None  # the uid contained code runs as (a root worker)
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,12 +219,16 @@ def _watch_worker() -> None:
 
 
 def _execute(spec: RunSpec, stop: threading.Event, releasing: threading.Event) -> int:
-    settings = load_settings(
-        data_dir=spec.data_dir, database_url=spec.database_url, public_url=spec.public_url
-    )
-    box = SecretBox(secret_key(settings.data_dir))
     for name in [n for n in os.environ if n.startswith(PLATFORM_ENV_PREFIX)]:
         del os.environ[name]
+    settings = load_settings(
+        data_dir=spec.data_dir,
+        database_url=spec.database_url,
+        public_url=spec.public_url,
+        keys_dir=spec.keys_dir,
+        single_tenant=spec.isolation == UNCONTAINED,
+    )
+    box = SecretBox(secret_key(settings.key_dir))
     database = open_database(settings, migrate=False)
     reporter = AttemptReporter(
         database,
@@ -282,8 +304,8 @@ def _context(
     redactor: Redactor,
     stop: threading.Event,
 ) -> JobContext:
-    """The job's context: the environment is this process's (less ``VIRTUAL_ENV``), then the
-    run's ``[env]``, then its secrets."""
+    """The job's context: the environment is this process's (less ``VIRTUAL_ENV``; contained,
+    only its allowlisted part), then the run's ``[env]``, then its secrets."""
     with reporter.database.read() as session:
         secrets = run_secret_values(session, run, box=box)
     redactor.add(*secrets.values())
@@ -293,10 +315,28 @@ def _context(
         step="environment",
         details={"env": sorted(env), "secrets": sorted(secrets)},
     )
-    # uv environments of isolated rollouts are shared by every run on this machine, keyed
-    # by the rollout's lock files (see controller/rollout_process.py).
-    os.environ[ENV_CACHE_ENV] = str(Path(spec.data_dir) / ENVS_DIR)
+    # uv environments of isolated rollouts are shared by the runs of one workspace on this
+    # machine, keyed by the rollout's lock files (see controller/rollout_process.py).
+    os.environ[ENV_CACHE_ENV] = str(Path(spec.data_dir) / ENVS_DIR / run.workspace_id)
     inherited = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    if spec.isolation != UNCONTAINED:
+        policy = contain_policy(spec, settings, checkout)
+        os.environ[containment.CONTAINMENT_ENV] = policy.to_json()
+        inherited = policy.environment(os.environ, {})
+        reporter.log(
+            "Isolation: the rollout server and its environment build run in bubblewrap "
+            f"(uid {policy.uid if policy.uid is not None else os.getuid()} outside, own user, "
+            "PID and IPC namespaces, no capabilities); they see the checkout read-only and "
+            "write only their artifacts and home",
+            step="environment",
+        )
+    else:
+        reporter.log(
+            "Isolation: none (the platform is single-tenant): the rollout server runs with "
+            "this worker's user and environment",
+            step="environment",
+            level="warning",
+        )
     values = tuple(sorted({v for v in secrets.values() if v}, key=len, reverse=True))
     return JobContext(
         settings=settings,
@@ -309,6 +349,28 @@ def _context(
         secret_values=values,
         reporter=reporter,
         stop=stop,
+    )
+
+
+def contain_policy(
+    spec: RunSpec, settings: PlatformSettings, checkout: Path
+) -> containment.Containment:
+    """What a run's contained processes may see: the system and the checkout read-only, a
+    private home; never the data dir, the keys, the database, the operator's home."""
+    hidden = {str(settings.data_dir), os.path.expanduser("~"), "/root", str(settings.key_dir)}
+    hidden.update(p for p in ("/run/postgresql", "/var/run/postgresql") if os.path.isdir(p))
+    files = [str(settings.key_dir / name) for name in KEY_FILES]
+    database = settings.database_url.removeprefix("sqlite:///")
+    if database != settings.database_url:
+        files += [database, f"{database}-wal", f"{database}-shm"]
+    files.append(str(settings.data_dir / SQLITE_FILE))
+    return containment.Containment(
+        home=str(Path(spec.work_dir) / HOME_DIR),
+        hidden=tuple(sorted(hidden)),
+        hidden_files=tuple(files),
+        read_only=(str(checkout),),
+        uid=spec.sandbox_uid if os.geteuid() == 0 else None,
+        bwrap=spec.bwrap,
     )
 
 

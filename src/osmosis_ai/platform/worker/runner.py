@@ -15,6 +15,12 @@ run's process, SIGKILL after ``grace_s``. A process that exits without ending it
 it ``failed`` (eval) or ``crashed`` (training) with its exit code and the redacted tail of
 its output in the run's logs.
 
+Before it registers, the worker checks that it can contain workspace code (a trivial process
+started in bubblewrap, :mod:`osmosis_ai.controller.containment`): where it cannot, it refuses
+to start, naming the fix, unless the platform is declared single-tenant
+(``settings.single_tenant``). Run processes start without the platform's ``OSMOSIS_PLATFORM_*``
+variables (the spec carries what they need, mode 0600, outside what contained code sees).
+
 SIGTERM or SIGINT stops the worker: it asks each run's process to hand its run back
 (SIGUSR1, then SIGTERM), releases the runs so another worker resumes them at
 once, and marks itself stopped. A second signal kills the processes without waiting.
@@ -31,6 +37,7 @@ import contextlib
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,8 +52,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from osmosis_ai.controller import containment
 from osmosis_ai.deadlines import RUN_HEARTBEAT
-from osmosis_ai.errors import DeadlineError
+from osmosis_ai.errors import ConfigError, DeadlineError
 from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SecretBox, secret_key
@@ -56,6 +64,8 @@ from osmosis_ai.platform.services.runs import TERMINAL, add_log, run_secret_valu
 from osmosis_ai.platform.settings import (
     DATA_DIR_ENV,
     DATABASE_URL_ENV,
+    KEYS_DIR_ENV,
+    SINGLE_TENANT_ENV,
     PlatformSettings,
     load_settings,
 )
@@ -63,9 +73,12 @@ from osmosis_ai.platform.store.database import Database, open_database
 from osmosis_ai.platform.store.orm import Run, utcnow
 from osmosis_ai.platform.worker import liveness
 from osmosis_ai.platform.worker.execute import (
+    CONTAINED,
     DEFAULT_JOBS,
+    PLATFORM_ENV_PREFIX,
     RELEASE_SIGNAL,
     STANDBY,
+    UNCONTAINED,
     RunSpec,
     work_dir_of,
 )
@@ -73,6 +86,7 @@ from osmosis_ai.platform.worker.processes import kill_tree, signal_tree
 
 logger = logging.getLogger("osmosis_ai.platform.worker")
 
+BWRAP_ENV = "OSMOSIS_PLATFORM_BWRAP"  # the bubblewrap binary (default: bwrap on PATH)
 DEFAULT_POLL_S = 5.0
 DEFAULT_HEARTBEAT_S = 3.0
 DEFAULT_GRACE_S = 6.0  # SIGTERM to SIGKILL; with the kill, a stop takes at most ~8 s
@@ -146,11 +160,14 @@ class Worker:
         self._database: Database | None = None
         self._box: SecretBox | None = None
         self._standby: subprocess.Popen[bytes] | None = None
+        self.isolation = UNCONTAINED if settings.single_tenant else CONTAINED
+        self.bwrap = os.environ.get(BWRAP_ENV) or "bwrap"
 
     # --- running -------------------------------------------------------------------------
 
     def run(self) -> None:
         """Register, execute runs until stopped, then hand back what is held."""
+        self.check_isolation()
         handled = self._install_signals()
         database = self._database = open_database(self.settings)  # migrated, under a lock
         try:
@@ -193,6 +210,32 @@ class Worker:
                 with contextlib.suppress(Exception), database.transaction() as session:
                     work.worker_stopped(session, self.worker_id, now=self.clock())
             database.dispose()
+
+    def check_isolation(self) -> None:
+        """Refuse to run workspace code uncontained unless the platform is single-tenant."""
+        self.settings.secure()
+        if self.isolation == UNCONTAINED:
+            logger.warning(
+                "isolation: single-tenant (none): workspace code runs as this worker's user"
+            )
+            return
+        found = shutil.which(self.bwrap)
+        probe = containment.Containment(
+            home=str(self.settings.data_dir / "work" / "probe-home"),
+            hidden=(str(self.settings.data_dir), os.path.expanduser("~"), "/root"),
+            uid=self.settings.sandbox_uid if os.geteuid() == 0 else None,
+            bwrap=found or self.bwrap,
+        )
+        try:
+            containment.check(probe)
+        except containment.ContainmentError as exc:
+            raise ConfigError(
+                f"This worker cannot contain workspace code: {exc}. If every workspace on "
+                "this platform is trusted, start it with --single-tenant "
+                "(OSMOSIS_PLATFORM_SINGLE_TENANT=1) instead"
+            ) from exc
+        self.bwrap = found or self.bwrap
+        logger.info("isolation: bubblewrap (%s)", self.bwrap)
 
     def request_stop(self) -> None:
         """Stop as SIGTERM would (safe from any thread and from a signal handler)."""
@@ -330,6 +373,10 @@ class Worker:
                 public_url=self.settings.public_url,
                 work_dir=str(work_dir),
                 job=job,
+                isolation=self.isolation,
+                keys_dir=str(self.settings.keys_dir) if self.settings.keys_dir else None,
+                bwrap=self.bwrap,
+                sandbox_uid=self.settings.sandbox_uid,
             ).write(spec_path)
             process = self._take_standby(spec_path)
             if process is None:
@@ -354,7 +401,10 @@ class Worker:
         return subprocess.Popen(
             [self.python, "-m", "osmosis_ai.platform.worker.execute", *args],
             cwd=cwd,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith(PLATFORM_ENV_PREFIX)},
+                "PYTHONUNBUFFERED": "1",
+            },
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -558,7 +608,7 @@ class Worker:
         assert database is not None
         try:
             if self._box is None:
-                self._box = SecretBox(secret_key(self.settings.data_dir))
+                self._box = SecretBox(secret_key(self.settings.key_dir))
             with database.read() as session:
                 run = session.get(Run, run_id)
                 if run is not None:
@@ -672,7 +722,10 @@ class WorkerProcesses:
             **os.environ,
             DATA_DIR_ENV: str(self.settings.data_dir),
             DATABASE_URL_ENV: self.settings.database_url,  # not on the command line: ps shows it
+            SINGLE_TENANT_ENV: "1" if self.settings.single_tenant else "0",
         }
+        if self.settings.keys_dir is not None:
+            env[KEYS_DIR_ENV] = str(self.settings.keys_dir)
         command = [
             sys.executable,
             "-m",
@@ -766,6 +819,9 @@ def main(argv: list[str] | None = None) -> int:
         worker.run()
     except PlatformError as exc:
         logger.error("the worker stopped: %s", exc.message)
+        return 1
+    except ConfigError as exc:
+        logger.error("the worker stopped: %s", exc)
         return 1
     return 0
 
