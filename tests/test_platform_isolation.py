@@ -298,6 +298,94 @@ def test_a_contained_eval_run_is_refused_everything_and_still_finishes(deploymen
     assert (deployment.data_dir / "platform.db").stat().st_mode & 0o077 == 0
 
 
+TRAINING = """\
+[experiment]
+rollout = "copy-digit"
+entrypoint = "main.py"
+model_path = "tiny"
+dataset = "copy-digit"
+
+[training]
+lr = 1e-3
+total_epochs = 2
+n_samples_per_prompt = 4
+rollout_batch_size = 8
+max_prompt_length = 64
+max_response_length = 4
+agent_workflow_timeout_s = 60
+grader_timeout_s = 30
+loss_type = "dapo"
+kl_coef = 0.0
+seed = 0
+
+[checkpoints]
+eval_interval = 100
+checkpoint_save_freq = 100
+
+[warmup]
+sft_steps = 60
+lr = 1e-3
+batch_size = 8
+
+[env]
+PROBE_DATA_DIR = "{data_dir}"
+PROBE_WORKER_PID = "{worker}"
+
+[secrets]
+required = []
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@needs_containment
+def test_a_contained_training_run_is_refused_everything_and_still_trains(deployment: Deployment):
+    pytest.importorskip("trl", reason="needs the 'train' extra")
+    from osmosis_ai.train.demo import setup_workspace
+    from osmosis_ai.train.tiny_model import build_tiny_model
+
+    made = deployment
+    setup_workspace(made.clone)
+    main = made.clone / "rollouts" / "copy-digit" / "main.py"
+    marker = "from __future__ import annotations\n"
+    main.write_text(main.read_text().replace(marker, marker + PROBE, 1))
+    tiny = build_tiny_model(made.root / "tiny")
+    made.admin("model", "add", "tiny", "--path", str(tiny))
+    made.serve()
+    worker = made.worker_pid()
+    config = made.clone / "configs" / "training" / "copy-digit.toml"
+    config.write_text(TRAINING.format(data_dir=made.data_dir, worker=worker))
+    git(made.clone, "add", "-A")
+    git(made.clone, "commit", "-q", "-m", "probing copy-digit")
+    git(made.clone, "push", "-q", "origin", "main")
+    made.cli("dataset", "upload", "data/copy-digit.jsonl", "-y")
+    name = made.cli("train", "submit", "configs/training/copy-digit.toml", "-y")["resource"]["name"]
+    deadline = time.monotonic() + 800
+    while True:
+        info = made.cli("train", "info", name)
+        run = info["data"].get("training_run", info["data"])
+        if run["status"] not in ("pending", "queued", "running"):
+            break
+        assert time.monotonic() < deadline, f"training {name} still {run['status']}"
+        time.sleep(1)
+    assert run["status"] == "finished", made.cli("train", "logs", name, "--limit", "200")
+    rewards = next(m for m in info["data"]["metrics"]["metrics"] if m["key"] == "training_reward")
+    assert len(rewards["data"]) == 2  # 10 rows x 2 epochs / 8 prompts a step
+
+    probes = list((made.data_dir / "work" / "runs").rglob("probe.json"))
+    assert probes, "the contained rollout server wrote no probe"
+    for probe in probes:
+        seen = json.loads(probe.read_text())
+        done = {k: v for k, v in seen["attempts"].items() if not v.startswith("refused")}
+        assert not done, done
+        assert seen["attempts"]["signal worker"].startswith("refused")
+        assert seen["platform_env"] == [] and seen["uid"] == 1000
+        assert seen["capeff_zero"] and seen["no_new_privs"]
+        assert all(int(pid) < 100 for pid in seen["pids"]), seen["pids"]
+    assert not (made.data_dir / "pwned").exists()
+    os.kill(worker, 0)
+
+
 def test_a_worker_without_bubblewrap_refuses_to_start_and_names_the_fix(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("OSMOSIS")}
     env |= {"HOME": str(tmp_path / "home"), "OSMOSIS_PLATFORM_BWRAP": str(tmp_path / "no-bwrap")}
@@ -340,3 +428,48 @@ def test_a_server_whose_workers_cannot_be_contained_refuses_to_start(tmp_path: P
     )
     assert done.returncode != 0
     assert "apt-get install bubblewrap" in done.stdout + done.stderr
+
+
+def test_the_run_config_is_never_written_through_a_symlink_the_workspace_committed(
+    tmp_path: Path,
+):
+    from osmosis_ai.errors import ConfigError
+    from osmosis_ai.platform.worker.checkout import write_in_checkout
+
+    checkout, outside = tmp_path / "checkout", tmp_path / "outside"
+    (checkout / "configs").mkdir(parents=True)
+    outside.mkdir()
+    (checkout / "configs" / "eval").symlink_to(outside)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        write_in_checkout(checkout, Path("configs") / "eval" / "run.toml", "x = 1\n")
+    assert list(outside.iterdir()) == []
+    (checkout / "configs" / "training").mkdir()
+    target = outside / "victim"
+    (checkout / "configs" / "training" / "run.toml").symlink_to(target)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        write_in_checkout(checkout, Path("configs") / "training" / "run.toml", "x = 1\n")
+    assert not target.exists()
+    written = write_in_checkout(checkout, Path("configs") / "new" / "run.toml", "x = 1\n")
+    assert written.read_text() == "x = 1\n"
+
+
+def test_keys_can_live_outside_the_data_dir(tmp_path: Path):
+    from osmosis_ai.platform.crypto import secret_key
+    from osmosis_ai.platform.settings import KEYS_DIR_ENV, SINGLE_TENANT_ENV, load_settings
+
+    settings = load_settings(data_dir=tmp_path / "data", keys_dir=tmp_path / "keys")
+    assert settings.key_dir == tmp_path / "keys"
+    secret_key(settings.key_dir, environ={})
+    assert (tmp_path / "keys" / "secrets.key").is_file()
+    assert not (tmp_path / "data" / "secrets.key").exists()
+    env = {KEYS_DIR_ENV: str(tmp_path / "k2"), SINGLE_TENANT_ENV: "1"}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        from_env = load_settings(data_dir=tmp_path / "data")
+        assert from_env.key_dir == tmp_path / "k2"
+        assert from_env.isolation == "single-tenant (none)"
+        patch.setenv(SINGLE_TENANT_ENV, "maybe")
+        with pytest.raises(Exception, match="OSMOSIS_PLATFORM_SINGLE_TENANT='maybe'"):
+            load_settings(data_dir=tmp_path / "data")
+    assert load_settings(data_dir=tmp_path / "data").isolation == "bubblewrap"

@@ -7,6 +7,9 @@ with the commit checked out detached. A checkout already at the commit is reused
 tracked files reset); one at another commit is replaced. The mirror is fetched first only
 when it lacks the commit. The checkout's ``origin`` is the mirror's path, so the clone URL
 and any credentials in it are never written into the checkout.
+
+The checkout is the workspace's: a committed symbolic link must never send a write of this
+trusted process elsewhere, so the run's config goes in through :func:`write_in_checkout`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from osmosis_ai.errors import ConfigError
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.errors import NotFound
 from osmosis_ai.platform.settings import PlatformSettings
@@ -24,6 +28,31 @@ from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import Workspace
 
 CHECKOUT_DIR = "checkout"
+
+
+def write_in_checkout(checkout: Path, relative: Path, text: str) -> Path:
+    """Write ``text`` to ``checkout / relative``, following no symbolic link on the way."""
+    folder = checkout
+    for part in relative.parent.parts:
+        folder = folder / part
+        if folder.is_symlink():
+            raise ConfigError(
+                f"{relative.parent} is a symbolic link in the repository: the platform writes "
+                "the run's config there; make it a plain folder"
+            )
+        folder.mkdir(exist_ok=True)
+    path = checkout / relative
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the run's config at {relative} in the checkout ({exc.strerror}): "
+            "it must not be a symbolic link in the repository"
+        ) from exc
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
 
 
 class CommitNotFound(NotFound):

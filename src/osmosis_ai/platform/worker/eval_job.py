@@ -583,11 +583,9 @@ class _EvalJob:
                 "secrets": {"required": list(run.required_secrets or [])},
             }
         )
-        folder = self.ctx.checkout / CONFIG_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{run.name}.toml"
-        path.write_text(document, encoding="utf-8")
-        return path
+        from osmosis_ai.platform.worker.checkout import write_in_checkout
+
+        return write_in_checkout(self.ctx.checkout, CONFIG_DIR / f"{run.name}.toml", document)
 
     def _reconcile(self, options: EvalRunOptions) -> EvalPlan:
         """Make the run dir's journal and the stored samples agree before dispatch.

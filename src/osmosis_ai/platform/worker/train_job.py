@@ -211,11 +211,9 @@ class _TrainJob:
         text = dump_toml(tables)
         if tomllib.loads(text) != tables:  # the writer must round-trip every value
             raise JobFailed("The run's config could not be written as TOML unchanged")
-        folder = self.ctx.checkout / CONFIG_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f".platform-{run.name}.toml"
-        path.write_text(text, encoding="utf-8")
-        return path
+        from osmosis_ai.platform.worker.checkout import write_in_checkout
+
+        return write_in_checkout(self.ctx.checkout, CONFIG_DIR / f".platform-{run.name}.toml", text)
 
     # -- resuming --------------------------------------------------------------------------
 
