@@ -268,6 +268,12 @@ def check(containment: Containment) -> None:
     expected = f"{SANDBOX_ID} True True"
     if done.returncode != 0 or done.stdout.strip() != expected:
         said = (done.stderr or done.stdout).strip()[-800:] or f"exit {done.returncode}"
+        if "failed to execute" in said or "can't open file" in said:
+            raise ContainmentError(
+                f"the sandbox's user cannot run this interpreter ({said}): install the platform "
+                "in a Python and virtualenv every user may read (not under a home folder "
+                "only its owner can enter), or set OSMOSIS_PLATFORM_SANDBOX_UID"
+            )
         raise ContainmentError(
             f"bubblewrap cannot make a user namespace here ({said}): enable unprivileged user "
             "namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also "
