@@ -9,6 +9,7 @@ does not assert as a timing bound (a loaded machine stretches it), only the erro
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -25,6 +26,7 @@ import pytest
 
 from cli_support import invoke
 from osmosis_ai.deadlines import (
+    DATASET_PROCESSING,
     ENVIRONMENT_BUILD,
     MODEL_CALL,
     ROLLOUT_IO,
@@ -407,7 +409,7 @@ async def test_a_platform_run_process_that_stops_is_killed_and_its_run_fails_run
     platform.start_worker(heartbeat_s=0.5)
     run_id = platform.submit("wait")
     pids = platform.pids(run_id)  # the job is waiting: its process beats every second
-    time.sleep(deadline + 1)
+    await asyncio.sleep(deadline + 1)
     assert platform.run(run_id).status == "running"  # a live process is never taken for stalled
     os.kill(pids["job"], signal.SIGSTOP)
     started = time.monotonic()
@@ -430,6 +432,58 @@ async def test_a_platform_run_process_that_stops_is_killed_and_its_run_fails_run
     assert answer.status_code == 200, answer.text
     messages = [entry["message"] for entry in answer.json()["logs"]]
     assert any(m.startswith("RunStalledError: ") for m in messages), messages
+
+
+# -- dataset processing ----------------------------------------------------------------------
+
+
+def test_dataset_processing_past_its_deadline_ends_the_dataset_in_error_with_the_named_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import json
+
+    import httpx
+
+    from osmosis_ai.platform.objects import ObjectStore
+    from osmosis_ai.platform.services import datasets as service
+    from osmosis_ai.platform.store.orm import Dataset, utcnow
+    from platform_world import running_world
+
+    row = json.dumps({"system_prompt": "s", "user_prompt": "u", "ground_truth": "1"}) + "\n"
+    body = (row * 4).encode()
+    deadline = 0.3
+    monkeypatch.setenv(DATASET_PROCESSING.setting, str(deadline))
+    with running_world(tmp_path / "data") as world, world.client("alice") as alice:
+        created = alice.post(
+            "/api/cli/datasets",
+            json={"file_name": "math", "file_size": len(body), "extension": "jsonl"},
+        ).json()
+        upload = created["upload"]
+        put = httpx.put(upload["presigned_url"], content=body, headers=upload["upload_headers"])
+        assert put.status_code == 200
+        done = alice.post(
+            f"/api/cli/datasets/{created['id']}/complete", json={"file_extension": "jsonl"}
+        )
+        assert done.json()["status"] == "uploaded", done.text
+        # Processed again, its stored file now 100 000 rows: seconds of reading, past 0.3 s.
+        with world.database.transaction() as session:
+            dataset = session.get(Dataset, created["id"])
+            assert dataset is not None
+            dataset.status = "processing"
+            key = dataset.object_key or service.object_key(dataset)
+        store = ObjectStore(world.settings.objects_dir)
+        store.path(key).write_text(row * 100_000)
+        started = time.monotonic()
+        status = service.process_dataset(world.database, store, created["id"], clock=utcnow)
+        elapsed = time.monotonic() - started
+        report("dataset processing", deadline, elapsed)
+        found = alice.get(f"/api/cli/datasets/{created['id']}").json()
+        logs = alice.get(f"/api/cli/datasets/{created['id']}/logs").json()["logs"]
+    assert status == "error" and found["status"] == "error"
+    failed = [entry["message"] for entry in logs if entry["level"] == "error"]
+    assert len(failed) == 1 and "DatasetProcessingTimeoutError: " in failed[0], logs
+    assert f"the dataset processing deadline is {deadline:g}s" in failed[0]
+    assert DATASET_PROCESSING.setting in failed[0]
 
 
 if sys.platform != "linux":  # pragma: no cover

@@ -17,6 +17,7 @@ from typing import TypeVar
 from osmosis_ai.errors import ConfigError, DeadlineError
 
 __all__ = [
+    "DATASET_PROCESSING",
     "ENVIRONMENT_BUILD",
     "MODEL_CALL",
     "ROLLOUT_IO",
@@ -74,3 +75,6 @@ least every quarter of it while it lives."""
 RUN_HEARTBEAT = Deadline("run heartbeat", "OSMOSIS_RUN_STALL_S", 60.0, floor_s=2.0)
 """How long a platform worker lets a run's process go without a heartbeat (it beats each
 second) before it kills the run's processes and fails the run."""
+
+DATASET_PROCESSING = Deadline("dataset processing", "OSMOSIS_DATASET_PROCESSING_TIMEOUT_S", 600.0)
+"""Reading and validating an uploaded dataset file on the platform server."""

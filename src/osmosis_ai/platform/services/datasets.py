@@ -18,13 +18,18 @@ import datetime as dt
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import Connection, Integer, String, bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
+from osmosis_ai.deadlines import DATASET_PROCESSING
+from osmosis_ai.errors import DeadlineError
 from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
 from osmosis_ai.platform.objects import (
     DEFAULT_EXPIRES_IN,
@@ -442,10 +447,7 @@ def process_dataset(
             return dataset.status if dataset is not None else "missing"
         key = dataset.object_key or object_key(dataset)
         _log(session, dataset, clock(), "processing", "Processing: validating the file")
-    try:
-        outcome: DatasetProcessing | str = process_file(store.path(key))
-    except Exception as exc:  # the outcome must be recorded whatever went wrong
-        outcome = f"Processing failed: {type(exc).__name__}: {exc}"
+    outcome = _process_within(store.path(key), DATASET_PROCESSING.seconds())
     with database.transaction() as session:
         dataset = session.get(Dataset, dataset_id)
         if dataset is None or dataset.status != "processing":
@@ -483,6 +485,35 @@ def process_dataset(
         rows = "an unknown number of" if outcome.row_count is None else str(outcome.row_count)
         _log(session, dataset, now, "processing", f"Ready: {rows} rows{note}")
         return dataset.status
+
+
+class DatasetProcessingTimeoutError(DeadlineError):
+    """A dataset file was not read and validated within the dataset processing deadline
+    (``OSMOSIS_DATASET_PROCESSING_TIMEOUT_S``); the dataset ends in ``error``."""
+
+
+def _process_within(path: Path, deadline_s: float) -> DatasetProcessing | str:
+    """:func:`process_file` in a thread of its own, waited for at most ``deadline_s``: the
+    outcome, or why there is none (a file that cannot be read, or one still being read at
+    the deadline, whose thread is left to end on its own and whose outcome is then moot)."""
+    done: Future[DatasetProcessing | str] = Future()
+
+    def work() -> None:
+        try:
+            done.set_result(process_file(path))
+        except Exception as exc:  # the outcome must be recorded whatever went wrong
+            done.set_result(f"Processing failed: {type(exc).__name__}: {exc}")
+
+    threading.Thread(target=work, name="dataset-processing", daemon=True).start()
+    try:
+        return done.result(timeout=deadline_s)
+    except FutureTimeout:
+        error = DATASET_PROCESSING.error(
+            DatasetProcessingTimeoutError,
+            "reading and validating the file did not finish",
+            deadline_s,
+        )
+        return f"Processing failed: {type(error).__name__}: {error}"
 
 
 def _replace_older(session: Session, dataset: Dataset, store: ObjectStore) -> list[str]:
