@@ -317,15 +317,14 @@ grader_timeout_s = 30
 loss_type = "dapo"
 kl_coef = 0.0
 seed = 0
+no_signal_patience = 0  # about containment, not learning: two steps of an untrained model
 
 [checkpoints]
 eval_interval = 100
 checkpoint_save_freq = 100
 
 [warmup]
-sft_steps = 60
-lr = 1e-3
-batch_size = 8
+sft_steps = 0
 
 [env]
 PROBE_DATA_DIR = "{data_dir}"
