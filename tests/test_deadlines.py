@@ -101,6 +101,24 @@ def test_a_deadline_setting_that_is_not_seconds_is_refused_naming_the_value():
         assert "above 1" in str(caught.value) and "default is 5" in str(caught.value)
 
 
+def test_the_cli_reports_a_stall_with_its_stage_deadline_and_setting():
+    from osmosis_ai.cli.errors import to_cli_error
+    from osmosis_ai.controller.rollout_process import EnvironmentBuildTimeoutError
+
+    stall = ENVIRONMENT_BUILD.error(EnvironmentBuildTimeoutError, "uv sync did not finish", 2.0)
+    error = to_cli_error(stall)
+    assert error.details == {
+        "exception_type": "EnvironmentBuildTimeoutError",
+        "stage": "environment build",
+        "deadline_s": 2.0,
+        "setting": ENVIRONMENT_BUILD.setting,
+    }
+    assert str(stall) == (
+        "uv sync did not finish: the environment build deadline is 2s "
+        f"(set {ENVIRONMENT_BUILD.setting} to change it)"
+    )
+
+
 # -- model call -----------------------------------------------------------------------------
 
 

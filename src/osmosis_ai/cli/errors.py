@@ -87,7 +87,7 @@ def to_cli_error(exc: BaseException) -> CLIError:
 
 def _from_library_error(exc: OsmosisError) -> CLIError:
     # Imported here: osmosis_ai.workspace is heavy, and only needed once something failed.
-    from osmosis_ai.errors import ConfigError, MissingExtraError, UsageError
+    from osmosis_ai.errors import ConfigError, DeadlineError, MissingExtraError, UsageError
     from osmosis_ai.workspace import ConfigValidationError, WorkspaceNotFoundError
 
     client_error = _platform_client_error(exc)
@@ -102,6 +102,14 @@ def _from_library_error(exc: OsmosisError) -> CLIError:
         return CLIError(CLIErrorCode.VALIDATION, str(exc), {"extra": exc.extra, "install": install})
     if isinstance(exc, UsageError | ConfigError):
         return CLIError(CLIErrorCode.VALIDATION, str(exc))
+    if isinstance(exc, DeadlineError):  # a stall: which stage, its deadline, what changes it
+        details: dict[str, object] = {
+            "exception_type": type(exc).__name__,
+            "stage": exc.stage,
+            "deadline_s": exc.deadline_s,
+            "setting": exc.setting,
+        }
+        return CLIError(CLIErrorCode.INTERNAL, str(exc), details)
     # A deliberate message from a failure outside the user's input (e.g. a protocol error).
     return CLIError(CLIErrorCode.INTERNAL, str(exc), {"exception_type": type(exc).__name__})
 
