@@ -75,8 +75,8 @@ class Session(FleetOwner, Protocol):
 _FEATURE = "osmosis train run --ray"
 _POLL_SEC = 0.25
 _FIT_ERROR_GRACE_SEC = 10.0  # for fit() to hand over the error its controller ended with
-_ABORT_SEC = 5.0  # for fit() to return once its controller was killed
-_HANDLE_WAIT_SEC = 10.0  # for a controller that is starting to say who it is
+_ABORT_SEC = 5.0  # for the watch to answer an abort
+_ACTOR_START_SEC = 60.0  # for the watch actor to start
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 START_TIMEOUT_DEFAULT_SEC = 60.0  # Ray Train's own default for it
 
@@ -235,7 +235,7 @@ def train_on_ray(run: Session, worker: type[Any]) -> str:
         check_fits(ask, connection.address, alive_nodes())
         _warm_up_here(run)
         if run.stop.requested:
-            raise _StoppedEarly
+            raise _stop_early(run)
         return _place(run, worker, ask)
     except _StoppedEarly:
         return _ended_early(run)
@@ -257,12 +257,17 @@ def _ask(run: Session, placement: RayPlacement) -> Ask:
     )
 
 
+def _stop_early(run: Session) -> _StoppedEarly:
+    """Say at once that the run ends (the servers and actors stop after it)."""
+    run.stage("interrupted before the first step of this run: nothing new to save")
+    return _StoppedEarly()
+
+
 def _ended_early(run: Session) -> str:
     """A run stopped before its first step here: its steps are those of earlier runs."""
     records = run.rundir.read_metrics()
     run.rewards = [r.get("training_reward") for r in records]
     run.steps_done = int(records[-1]["step"]) if records else 0
-    run.stage("interrupted before the first step of this run: nothing new to save")
     return "interrupted"
 
 
@@ -279,9 +284,9 @@ def _place(run: Session, worker: type[Any], ask: Ask) -> str:
         try:
             fleet.start(should_stop=lambda: run.stop.requested)
         except FleetStartCancelled as exc:
-            raise _StoppedEarly from exc
+            raise _stop_early(run) from exc
         if run.stop.requested:
-            raise _StoppedEarly
+            raise _stop_early(run)
         vllm = start_vllm(run) if ask.gpu else None
         return _fit(run, worker, ask, vllm=vllm, fleet=fleet)
     finally:
@@ -347,6 +352,7 @@ def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: Trainin
             callbacks=[ControllerLookout(watch)],  # pyright: ignore[reportArgumentType]
         ),
     )
+    _await_actor(run, watch, "the driver's watch of Ray Train's controller")
     pump = _Pump(run, events, on_first_step=fleet.steps_begun.set)
     pump.start()
     run.stage(
@@ -370,6 +376,23 @@ def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: Trainin
     if pump.finished is None:
         raise TrainingError("the trainer workers ended without reporting how the run ended")
     return pump.finished.status
+
+
+def _await_actor(run: Session, actor: Any, what: str) -> None:
+    """Wait until ``actor`` answers (a Ctrl-C meanwhile ends the run at once)."""
+    import ray
+
+    probe = actor.read.remote()
+    deadline = time.monotonic() + _ACTOR_START_SEC
+    while not ray.wait([probe], timeout=_POLL_SEC)[0]:
+        if run.stop.requested:
+            raise _stop_early(run)
+        if time.monotonic() > deadline:
+            raise TrainingError(
+                f"{what} (a Ray actor of no resources) did not start within "
+                f"{_ACTOR_START_SEC:g}s: the cluster's head node is overloaded or its raylet "
+                "is down; see `ray status`"
+            )
 
 
 def _start_timeout() -> float:
@@ -396,26 +419,29 @@ def _await_fit(run: Session, trainer: Any, watch: Any, pump: _Pump, ask: Ask) ->
 
     thread = threading.Thread(target=fit, name="osmosis-ray-fit", daemon=True)
     thread.start()
+    reader = _WatchReader(watch)
     placed = False
     while thread.is_alive():
         thread.join(_POLL_SEC)  # (a timeout: the main thread keeps taking signals)
         if not thread.is_alive():
             break
-        seen = _read(watch)
-        if seen is not None and seen.running_since and not placed:
+        if run.stop.requested and not pump.stepped:
+            stopped = _stop_early(run)
+            _abort(watch)  # (fit() returns once its controller is gone: no need to wait)
+            raise stopped
+        seen = reader.latest()
+        if seen is None:
+            continue
+        if seen.running_since and not placed:
             placed = True
             run.stage(f"trainer workers placed: {ask.workers}")
-        if seen is not None and seen.failed is not None:
+        if seen.failed is not None:
             thread.join(_FIT_ERROR_GRACE_SEC)  # fit() hands over the error itself, or:
             if thread.is_alive():
                 raise RayTrainError(
                     _ray_train_message(seen.failed, seen.detail, ask), ray_error=seen.failed
                 )
             break
-        if run.stop.requested and not pump.stepped:
-            _abort(watch, seen)
-            thread.join(_ABORT_SEC)
-            raise _StoppedEarly
     if "error" in outcome:
         error: BaseException = outcome["error"]
         if isinstance(error, TrainingError):
@@ -424,29 +450,43 @@ def _await_fit(run: Session, trainer: Any, watch: Any, pump: _Pump, ask: Ask) ->
     return outcome["result"]
 
 
-def _read(watch: Any) -> Any:
-    """The watch's last sighting of the controller (``None``: the watch did not answer)."""
+class _WatchReader:
+    """Reads the controller's watch without waiting on it: one read in flight at a time,
+    its answer taken once it came (a watch that is still starting delays nothing)."""
+
+    def __init__(self, watch: Any) -> None:
+        self.watch = watch
+        self.pending: Any = None
+
+    def latest(self) -> Any:
+        """The sighting that came since the last call, or ``None``."""
+        import ray
+
+        if self.pending is None:
+            self.pending = self.watch.read.remote()
+        ready, _ = ray.wait([self.pending], timeout=0)
+        if not ready:
+            return None
+        pending, self.pending = self.pending, None
+        try:
+            return ray.get(pending)
+        except Exception:  # the watch is gone (the run is ending)
+            return None
+
+
+def _abort(watch: Any) -> None:
+    """End Ray Train's controller and, with it, the worker group it owns: killed, not asked
+    (while it waits for the group's resources it answers no call); one that has not started
+    yet ends itself as it starts (:class:`~osmosis_ai.train.ray_watch.RunAborted`)."""
     import ray
 
     try:
-        return ray.get(watch.read.remote(), timeout=5.0)
+        controller: Any = ray.get(watch.abort.remote(), timeout=_ABORT_SEC)
     except Exception:
-        return None
-
-
-def _abort(watch: Any, seen: Any) -> None:
-    """End Ray Train's controller and, with it, the worker group it owns (waiting a moment
-    for the controller's handle when it has only just been asked to start). Killed, not
-    asked: while it waits for the group's resources it answers no call."""
-    import ray
-
-    deadline = time.monotonic() + _HANDLE_WAIT_SEC
-    while (seen is None or seen.controller is None) and time.monotonic() < deadline:
-        time.sleep(_POLL_SEC)
-        seen = _read(watch)
-    if seen is not None and seen.controller is not None:
+        return
+    if controller is not None:
         with contextlib.suppress(Exception):
-            ray.kill(seen.controller, no_restart=True)
+            ray.kill(controller, no_restart=True)
 
 
 def _ray_train_error(error: BaseException, ask: Ask) -> RayTrainError:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
-__all__ = ["ControllerLookout", "FitWatch", "Sighting"]
+__all__ = ["ControllerLookout", "FitWatch", "RunAborted", "Sighting"]
 
 
 @dataclass(frozen=True)
@@ -33,14 +33,28 @@ class Sighting:
     running_since: int = 0  # how many times it entered "Running" (a worker group started)
 
 
+class RunAborted(Exception):
+    """The driver ended the run before the controller started (a Ctrl-C before the first
+    step): the controller ends as it starts, before it places any worker."""
+
+
 class FitWatch:
     """The actor body (``num_cpus=0``) the lookout reports to and the driver reads."""
 
     def __init__(self) -> None:
         self.seen = Sighting()
+        self.aborted = False
 
-    def started(self, controller: Any) -> None:
+    def started(self, controller: Any) -> bool:
+        """The controller started; whether the driver has already ended the run."""
         self.seen = Sighting(controller, "Initializing")
+        return self.aborted
+
+    def abort(self) -> Any:
+        """The driver ends the run: the controller's handle when it started (for the driver
+        to end it), else ``None`` (it ends itself as it starts)."""
+        self.aborted = True
+        return self.seen.controller
 
     def moved(self, state: str, failed: str | None, detail: str) -> None:
         seen = self.seen
@@ -69,8 +83,9 @@ def ray_error_of(error: BaseException) -> BaseException:
 
 
 class ControllerLookout(ControllerCallback):
-    """Reports the controller's handle and states to ``watch`` (fire and forget: the hooks
-    run on the controller's event loop, which must not block)."""
+    """Reports the controller's handle and states to ``watch``. The states go fire and
+    forget (the hooks run on the controller's event loop, which must not block); the start
+    waits for the watch's answer, so a run the driver already ended never places a worker."""
 
     def __init__(self, watch: Any) -> None:
         self.watch = watch
@@ -78,7 +93,9 @@ class ControllerLookout(ControllerCallback):
     def after_controller_start(self, train_run_context: Any) -> None:
         import ray
 
-        self.watch.started.remote(ray.get_runtime_context().current_actor)
+        me = ray.get_runtime_context().current_actor
+        if ray.get(self.watch.started.remote(me), timeout=60):  # (once, before any placement)
+            raise RunAborted("the run was stopped before Ray Train's controller started")
 
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
         name = type(current_state).__name__.removesuffix("State")
