@@ -16,7 +16,9 @@ Messages say what failed, with which value, and what to do about it.
 
 from __future__ import annotations
 
-from typing import Self
+TYPE_CHECKING = False  # (typing itself is not imported: the CLI's start-up stays light)
+if TYPE_CHECKING:
+    from typing import Self
 
 
 class OsmosisError(Exception):
