@@ -112,15 +112,25 @@ def load_model(ref: str, device: str) -> tuple[Any, Any]:
     return cast(Any, model).to(device), tokenizer
 
 
-def lora_config(section: LoraSection) -> Any:
+def lora_config(section: LoraSection, model: Any) -> Any:
+    """peft's config for ``[lora]``. Input and output embeddings that ``model`` ties stay
+    tied when ``modules_to_save`` trains them (else the adapter trains one copy, merging
+    breaks the tie, and the log-probabilities TRL computes from the output layer never see
+    the change)."""
     from peft import LoraConfig
+    from peft.utils.constants import EMBEDDING_LAYER_NAMES
 
     modules = section.target_modules
+    saved = list(section.modules_to_save)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
     return LoraConfig(
         r=section.rank,
         lora_alpha=section.alpha,
         lora_dropout=section.dropout,
         target_modules=modules if isinstance(modules, str) else list(modules),
+        modules_to_save=saved or None,
+        ensure_weight_tying=tied
+        and any(name.rpartition(".")[2] in EMBEDDING_LAYER_NAMES for name in saved),
         task_type="CAUSAL_LM",
     )
 
@@ -151,7 +161,13 @@ def warm_up(
     should_stop: Callable[[], bool],
 ) -> tuple[Any, int, bool]:
     """Supervised steps on the rows' ground truth (the assistant reply is the label).
-    Returns the model (LoRA merged in), the steps done, and whether it was stopped."""
+    Returns the model, the steps done, and whether it was stopped.
+
+    Every weight is trained, LoRA or not: the warm-up exists for a model with no policy yet,
+    and an adapter cannot give one to a random-init model. Its frozen embeddings (tied to
+    the output layer) and final norm bound every logit, so on the tiny model no adapter can
+    lift a digit's probability past about 0.07 (``bench/train_lora.py --bound``), and
+    exact-match rewards stay 0. GRPO then trains the adapter on the warmed-up weights."""
     from datasets import Dataset
     from trl.trainer.sft_config import SFTConfig
     from trl.trainer.sft_trainer import SFTTrainer
@@ -185,15 +201,12 @@ def warm_up(
                 args=args,
                 train_dataset=Dataset.from_list(examples),
                 processing_class=tokenizer,
-                peft_config=lora_config(config.lora) if config.lora.enabled else None,
                 callbacks=[callback],
             )
         )
         _guard_memory(trainer.train, plan, "the warm-up", config.warmup.batch_size)
         warmed = trainer.model
         steps = int(trainer.state.global_step)
-    if config.lora.enabled:
-        warmed = warmed.merge_and_unload()
     return warmed, steps, callback.stopped
 
 
@@ -289,7 +302,7 @@ def build_trainer(
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(lora) if lora.enabled else None,
+        peft_config=lora_config(lora, model) if lora.enabled else None,
         rollout_func=rollout_func,
         callbacks=list(callbacks),
     )
@@ -351,7 +364,29 @@ def _guard_memory(call: Callable[[], Any], plan: TrainPlan, what: str, batch: in
         raise OutOfMemoryError(f"out of memory in {what} with {size}: {fix}") from exc
 
 
-def save_model(model: Any, tokenizer: Any, folder: Path) -> None:
-    """Hugging Face format: the model (the adapter, for LoRA) and the tokenizer."""
+def save_model(model: Any, tokenizer: Any, folder: Path, *, base_ref: str | None = None) -> None:
+    """Hugging Face format, with the tokenizer. A LoRA model saves its adapter when the
+    adapter sits on ``base_ref`` (the configured base model), which serving finds; sitting on
+    other weights (a warm-up's), it saves the merged model, since an adapter alone would be
+    applied to the wrong weights wherever the run's folder is not at hand."""
+    adapters = getattr(model, "peft_config", None)
+    if isinstance(adapters, dict) and base_ref is not None:
+        config: Any = adapters[model.active_adapter]
+        base = str(config.base_model_name_or_path or "")
+        if base and base != base_ref:
+            _save_merged(model, Path(base), folder)
+            tokenizer.save_pretrained(folder)
+            return
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def _save_merged(model: Any, base: Path, folder: Path) -> None:
+    """The adapter merged into ``base``, built the way ``local:`` loading builds it (a copy
+    on the CPU: the training model is left as it is)."""
+    from osmosis_ai.controller.policy.adapter import load_merged
+
+    with tempfile.TemporaryDirectory(prefix="osmosis-adapter-") as scratch:
+        model.save_pretrained(scratch)
+        merged, _ = load_merged(Path(scratch), base=base)
+    merged.save_pretrained(folder)

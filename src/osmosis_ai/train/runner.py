@@ -485,7 +485,10 @@ class _Run:
     def _export(self, step: int) -> None:
         trainer, tokenizer = self.trainer, self.tokenizer
         path = self.rundir.export(
-            f"step-{step:06d}", lambda folder: engine.save_model(trainer.model, tokenizer, folder)
+            f"step-{step:06d}",
+            lambda folder: engine.save_model(
+                trainer.model, tokenizer, folder, base_ref=self.plan.model_ref
+            ),
         )
         self.journal.info("checkpoint", "saved a checkpoint", step=step, path=str(path))
 

@@ -86,6 +86,14 @@ def subset_of(options: tuple[str, ...]) -> Rule:
     return Rule(f"a list of {_listed(options)}", accepts, tuple)
 
 
+def module_names() -> Rule:
+    return Rule(
+        "a list of module names",
+        lambda v: isinstance(v, list) and all(isinstance(item, str) and item for item in v),
+        tuple,
+    )
+
+
 def modules_or(keyword: str) -> Rule:
     def accepts(value: object) -> bool:
         if value == keyword:
@@ -177,6 +185,8 @@ class LoraSection:
     alpha: int = setting(16, integer(1))
     dropout: float = setting(0.0, number(ge=0, lt=1))
     target_modules: str | tuple[str, ...] = setting("all-linear", modules_or("all-linear"))
+    # Modules trained whole beside the adapter (peft's modules_to_save), e.g. the embeddings.
+    modules_to_save: tuple[str, ...] = setting((), module_names())
 
 
 @dataclass(frozen=True)

@@ -84,19 +84,26 @@ class LocalPolicy:
         seed: int | None = None,
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
     ) -> None:
+        from osmosis_ai.controller.policy.adapter import is_adapter, load_merged
+
         path = Path(model_dir).expanduser()
-        _check_model_dir(path)
         resolved = _dtype(dtype, device)
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model: Any = transformers.AutoModelForCausalLM.from_pretrained(
-                path, local_files_only=True, dtype=resolved
-            )
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(
-                f"cannot load a Hugging Face causal LM from {path}: {exc}; point model_path at "
-                f"a directory saved with save_pretrained, or {_BUILD_HINT.format(path=path)}"
-            ) from exc
+        model: Any
+        if is_adapter(path):  # a LoRA checkpoint: merged into the base model it names
+            model, tokenizer = load_merged(path, dtype=resolved)
+        else:
+            _check_model_dir(path)
+            try:
+                tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    path, local_files_only=True, dtype=resolved
+                )
+            except (OSError, ValueError, KeyError) as exc:
+                raise ConfigError(
+                    f"cannot load a Hugging Face causal LM from {path}: {exc}; point model_path "
+                    f"at a directory saved with save_pretrained, or "
+                    f"{_BUILD_HINT.format(path=path)}"
+                ) from exc
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(
                 f"the tokenizer in {path} has no chat template: add one as "

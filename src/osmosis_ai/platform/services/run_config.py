@@ -144,6 +144,12 @@ def _modules(value: object) -> str | None:
     return f"must be 'all-linear' or a non-empty list of module names, got {_shown(value)}"
 
 
+def _names(value: object) -> str | None:
+    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):  # pyright: ignore[reportUnknownVariableType]
+        return None
+    return f"must be a list of module names, got {_shown(value)}"
+
+
 def _string(value: object) -> str | None:
     return None if isinstance(value, str) else f"must be a string, got {_shown(value)}"
 
@@ -171,6 +177,7 @@ ADVANCED_TABLES: dict[str, dict[str, Check]] = {
         "alpha": POSITIVE_INT,
         "dropout": _fraction,
         "target_modules": _modules,
+        "modules_to_save": _names,
     },
     # osmosis train run across a Ray cluster (workspace.sections.RaySection)
     "ray": {
