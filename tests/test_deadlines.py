@@ -132,7 +132,12 @@ def test_a_model_endpoint_that_never_answers_ends_the_eval_with_upstream_timeout
         started = time.monotonic()
         outcome = eval_run(capsys, "configs/eval/multiply.toml", "--name", "silent")
         elapsed = time.monotonic() - started
-    report("model call (eval preflight)", deadline, elapsed)
+    logs = (ws / ".osmosis" / "evals" / "silent" / "logs.txt").read_text()
+    checking = _logged_at(logs, "checking model")
+    report(
+        "model call (eval preflight)", deadline, _logged_at(logs, "UpstreamTimeoutError") - checking
+    )
+    print(f"[deadline] whole eval run, start-up and teardown included: {elapsed:.2f}s")
     assert outcome.code == 1, (outcome.out, outcome.err)
     error = outcome.error()["error"]
     assert error["code"] == "NETWORK", error
@@ -315,7 +320,14 @@ def test_an_environment_build_that_never_finishes_ends_as_environment_build_time
         started = time.monotonic()
         outcome = eval_run(capsys, "configs/eval/needy.toml", "--name", "needy")
         elapsed = time.monotonic() - started
-    report("environment build (eval)", deadline, elapsed)
+    logs = (ws / ".osmosis" / "evals" / "needy" / "logs.txt").read_text()
+    syncing = _logged_at(logs, "syncing rollout dependencies")
+    report(
+        "environment build (eval)",
+        deadline,
+        _logged_at(logs, "EnvironmentBuildTimeoutError") - syncing,
+    )
+    print(f"[deadline] whole eval run, start-up and teardown included: {elapsed:.2f}s")
     assert outcome.code == 1, (outcome.out, outcome.err)
     error = outcome.error()["error"]
     assert error["details"]["exception_type"] == "EnvironmentBuildTimeoutError"

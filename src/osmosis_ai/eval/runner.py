@@ -180,6 +180,8 @@ class _Invocation:
         except Exception as exc:
             # A child's output or a provider's message may quote a secret: never show it.
             exc.args = tuple(self.redactor.redact(a) if isinstance(a, str) else a for a in exc.args)
+            # The run's log ends with what ended it (a stall's named error among them).
+            self.runlog.error("run", f"{type(exc).__name__}: {exc}")
             raise
         finally:
             self.journal.close()
