@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -53,29 +52,25 @@ def sandbox_missing_reason() -> str | None:
         return f"the local sandbox needs Linux (this is {sys.platform})"
     if os.geteuid() != 0:
         return "the local sandbox needs root (it mounts an overlay per trial)"
-    for tool, package in (
-        ("bwrap", "bubblewrap"),
-        ("unshare", "util-linux"),
-        ("nsenter", "util-linux"),
-    ):
+    for tool, package in (("bwrap", "bubblewrap"), ("nsenter", "util-linux"), ("ip", "iproute2")):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install {package})"
-    with tempfile.TemporaryDirectory() as scratch:
-        for name in ("upper", "work", "merged"):
-            os.mkdir(os.path.join(scratch, name))
-        probe = (
-            f"mount -t overlay overlay -o lowerdir=/,upperdir={scratch}/upper,"
-            f"workdir={scratch}/work {scratch}/merged"
-        )
-        result = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", probe],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            detail = (result.stderr or result.stdout).strip()
-            return f"an overlay mount of / is refused here: {detail}"
+    helper = (
+        Path(__file__).resolve().parents[2]
+        / "src/osmosis_ai/rollout/backend/harbor/sandbox_enter.py"
+    )
+    # a user namespace mapped to unprivileged ids, an idmapped clone of / and an overlay of
+    # it, in a throwaway mount namespace
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", str(helper), "probe"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip()
+        return f"this host cannot run the sandbox's namespaces and mounts: {detail}"
     return None
 
 

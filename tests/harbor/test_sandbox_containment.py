@@ -161,7 +161,7 @@ class Trials:
         made = Task(self.task_builder(name, **task))
         paths = TrialPaths(self.tmp_path / "trials" / f"{name}-{uuid.uuid4().hex[:6]}")
         paths.mkdir()
-        kwargs = {"state_dir": self.tmp_path / "state", **(env_kwargs or {})}
+        kwargs: dict[str, Any] = {"state_dir": self.tmp_path / "state", **(env_kwargs or {})}
         env = LocalSandboxEnvironment(
             environment_dir=made.paths.environment_dir,
             environment_name=name,

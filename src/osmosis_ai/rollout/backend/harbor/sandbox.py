@@ -11,16 +11,33 @@ engine answers and this sandbox otherwise.
 
 How it runs:
 
-* ``start`` creates ``upper``/``work``/``merged``/``tmp`` folders for the trial and starts one
-  long-lived holder: ``unshare --mount`` (so the overlay mount lives in a private mount
-  namespace and vanishes with the sandbox, whatever happens to this process), ``mount -t
-  overlay`` of ``/``, then ``bwrap --bind merged / --dev /dev --proc /proc --bind tmp /tmp
-  --unshare-pid --unshare-ipc --unshare-uts [--unshare-net] --die-with-parent``. Every
-  ``exec`` joins the holder's namespaces with ``nsenter``, so background processes (a tmux
-  server, say) outlive the command that started them, as they do in a container.
+* Containment. Every process of a trial (Dockerfile ``RUN`` steps, the agent, the verifier,
+  every ``exec`` and transfer) runs in a user namespace whose ids ``0..65535`` are the
+  unprivileged host ids from :data:`TRIAL_ID_BASE` on, with no capabilities at all
+  (effective, permitted, inheritable, ambient, bounding), locked securebits and
+  ``no_new_privs``, in its own PID, mount, IPC and UTS namespaces (and network namespace
+  unless ``public``). So it cannot call what needs a host capability (``open_by_handle_at``,
+  mounts, ``/proc/sys`` writes: ``/proc/sys`` is also bound read-only), cannot see, signal
+  or trace a host process, and cannot make a further user namespace. Hidden paths are
+  overlay whiteouts in the upper layer: absent from the trial's view, with nothing mounted
+  over them to undo.
+* ``start`` prepares ``upper``/``work``/``tmp`` folders for the trial (the upper folder's
+  root and ``/tmp`` belong to the trial's root; the whiteouts) and asks the launcher (one
+  ``sandbox_enter.py launcher`` process per host process, run as root) to fork the trial's
+  helper, which, in a private mount namespace, mounts an idmapped clone of ``/`` (host uid
+  ``n`` shows as ``n`` inside, so the trial's root still owns the system's files) under an
+  overlay with the upper folder, and starts ``bwrap`` as root of the trial's user namespace:
+  the overlay as ``/``, ``--dev``, ``--proc``, the trial's ``/tmp`` and log folders (made
+  the trial root's on the host: what the trial writes there belongs to an unprivileged host
+  uid), ``--unshare-pid --unshare-ipc --unshare-uts [--unshare-net] --cap-drop ALL
+  --die-with-parent``, holding a ``sh`` that waits. The helper then joins the trial's
+  namespaces and root and starts each command the host asks for: a forked child drops
+  every privilege before executing anything from the trial's files, so background
+  processes (a tmux server, say) outlive the command that started them, as in a container.
+  See :mod:`osmosis_ai.rollout.backend.harbor.sandbox_enter`.
 * ``stop`` ends the holder: its PID namespace goes with it, killing every process the trial
-  started; the overlay mount goes with its mount namespace; the per-trial folders are
-  deleted.
+  started; the helper ends and the overlay mount goes with its mount namespace; the
+  per-trial folders are deleted.
 * The environment's Dockerfile is applied at start, from a subset: ``FROM`` is accepted and
   ignored (the host root is the base image), ``ARG``, ``ENV``, ``WORKDIR``, ``USER``, ``RUN``
   (run in the sandbox), and ``COPY``/``ADD`` of files from the environment folder.
@@ -42,10 +59,14 @@ How it runs:
   (in an upload, or left by the agent) resolves inside the sandbox, never on the host; tar
   archives brought out are unpacked with Python's ``data`` filter.
 
-Limits: Linux only, as root; commands run as root unless a user is named (``USER``, Harbor's
-agent user), switched to with ``setpriv``; no CPU, memory or GPU limits; the host's files are
-readable inside (credential folders such as ``~/.ssh`` and ``~/.osmosis`` are hidden, see
-``hidden_paths``); only the root filesystem is overlaid, so other host mounts show up empty.
+Limits: Linux only (5.19 or later: idmapped mounts under an overlay), as root; commands
+run as the trial's root unless a user is named (``USER``, Harbor's agent user), and none has
+a capability (a Dockerfile step that needs one, ``apt-get`` switching to its ``_apt`` user
+say, fails as it would in a rootless container); no CPU, memory or GPU limits; the host's
+root filesystem is readable inside as the host's users would read it (credential folders
+such as ``~/.ssh`` and ``~/.osmosis``, ``/etc/shadow``, the SSH host keys, the sandbox's
+state and the job's other trials are hidden, see ``hidden_paths``); only the root filesystem
+is overlaid, so other host mounts show up empty.
 """
 
 # Harbor needs Python 3.12+, so type checks on 3.11 run without it installed.
@@ -492,6 +513,25 @@ def sandbox_missing_reason() -> str | None:
     for tool, package in (("bwrap", "bubblewrap"), ("nsenter", "util-linux"), ("ip", "iproute2")):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install {package})"
+    release = os.uname().release
+    try:
+        major, minor = (int(part) for part in release.split("-")[0].split(".")[:2])
+    except ValueError:
+        major, minor = 0, 0
+    if (major, minor) < (5, 19):
+        return (
+            f"the local sandbox needs Linux 5.19 or later (idmapped mounts under an overlay); "
+            f"this kernel is {release}"
+        )
+    try:
+        user_namespaces = int(Path("/proc/sys/user/max_user_namespaces").read_text())
+    except (OSError, ValueError):
+        user_namespaces = 0
+    if user_namespaces <= 0:
+        return (
+            "user namespaces are disabled here (/proc/sys/user/max_user_namespaces is 0); "
+            "the local sandbox runs every trial in one"
+        )
     return None
 
 
@@ -617,8 +657,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
     * ``forward_endpoints``: endpoints that stay reachable from inside under a restricted
       network policy (URLs, ``"host:port"`` or ``(host, port)``), at the same address.
     * ``state_dir``: where per-trial folders go (default: ``$TMPDIR/osmosis-sandbox``).
-    * ``hidden_paths``: host paths shown empty inside (default: credential folders in
-      ``$HOME``); ``()`` hides nothing.
+    * ``hidden_paths``: host paths (``~`` and globs expanded) absent inside (default:
+      credential folders in ``$HOME``, ``/etc/shadow``, the SSH host keys); ``()`` hides
+      only the sandbox's state and the job's other trials.
     """
 
     _setup_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -915,7 +956,11 @@ class LocalSandboxEnvironment(BaseEnvironment):
             source = Path(mount["source"])
             source.mkdir(parents=True, exist_ok=True)
             read_only = bool(mount.get("read_only"))
-            if not read_only:
+            if not read_only and _is_within(
+                os.path.realpath(source), os.path.realpath(self.trial_paths.trial_dir)
+            ):
+                # the trial's own output folders; another host folder keeps its owners
+                # (the trial's root writes there only where anyone may)
                 _give_to_trial(source)
             binds.append((str(source), str(mount["target"]), read_only))
         return binds

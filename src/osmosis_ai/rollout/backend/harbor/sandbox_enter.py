@@ -1,30 +1,32 @@
 """The privileged steps of the local Harbor sandbox, as a small program of their own.
 
-``sandbox.py`` runs this file with ``python -I -S sandbox_enter.py MODE SPEC_FD`` as root, the
-JSON spec in an anonymous file whose descriptor it passes (never in argv or the environment,
-which other users of the host could read or which would steer this very process):
+``sandbox.py`` runs this file as root with ``python -I -S sandbox_enter.py MODE``. Specs
+travel as marshalled mappings in anonymous files passed by descriptor, never in argv or the
+environment (which other users of the host could read, or which would steer this very
+process). Standard library only, no import of the package, and nothing imported after
+start-up (a lazy import inside a trial would read the trial's files).
 
-``holder``
-    Sets up one trial and becomes its bubblewrap. A user namespace maps the trial's uids
-    ``0..count-1`` to the unprivileged host uids ``base..base+count-1`` (nobody inside can
-    create a further one); in a private mount namespace the host root is cloned as an idmapped
-    mount (host uid ``n`` shows as ``n`` inside), and an overlay of it with the trial's upper
-    folder becomes the trial's root; bubblewrap then enters that user namespace, binds the
-    root and the spec's folders by descriptor and starts the holder process with no
-    capabilities and ``no_new_privs``.
+``launcher CONTROL_FD``
+    One per host process: forks a trial helper per request (see :func:`run_launcher`), so a
+    trial costs a fork, not an interpreter start.
 
-``exec``
-    Runs one command in a running trial: joins the holder's namespaces and root, forks (the
-    child is in the trial's PID namespace), and the child drops every capability (bounding,
-    ambient, inheritable, permitted, effective), locks the securebits so that root inside
-    regains none on exec, switches to the named user with that user's groups, sets
-    ``no_new_privs`` and only then executes the command. Between entering the trial's mount
-    namespace and dropping privileges nothing is loaded from the trial's files: every module
-    is imported and every function resolved before, and ``/etc/passwd`` and ``/etc/group``
-    are read as data. The parent stays in the host's PID namespace, waits and exits with the
-    child's status (128 + signal number when it was killed).
+``holder SPEC_FD`` (or forked by the launcher)
+    Sets one trial up (:func:`run_holder`). A child creates the trial's user namespace,
+    whose ids ``0..count-1`` this process maps to the unprivileged host ids
+    ``base..base+count-1`` (and which forbids further user namespaces inside); in a private
+    mount namespace the host root is cloned as an idmapped mount (host uid ``n`` shows as
+    ``n`` inside) under an overlay with the trial's upper folder; the child then becomes
+    root of that namespace and executes bubblewrap, which builds the trial's root from the
+    overlay and starts the holder process with no capabilities and ``no_new_privs``. This
+    process then joins the trial's namespaces and root and serves commands (:func:`serve`):
+    for each, a forked child (in the trial's PID namespace) drops every capability
+    (bounding, ambient, inheritable, permitted, effective), locks the securebits so that
+    root inside regains none on exec, switches to the named user with that user's groups
+    (``/etc/passwd`` and ``/etc/group`` read as data), sets ``no_new_privs`` and only then
+    executes the command.
 
-Standard library only, and no import of the package: it starts in a few milliseconds.
+``probe``
+    Checks that this host can do the above (:func:`run_probe`); exit status 0 when it can.
 """
 
 from __future__ import annotations
@@ -524,18 +526,54 @@ def run_launcher(control_fd: int) -> None:
         _send(control_fd, f"pid {pid}")
 
 
+# -- probe -----------------------------------------------------------------------------------
+
+
+def run_probe() -> None:
+    """Check that this host can run trials: a mapped user namespace, an idmapped clone of
+    ``/`` and an overlay over it, all in a throwaway mount namespace (gone on exit)."""
+    _check(_unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
+    _check(_mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755"), "tmpfs")
+    for name in ("lower", "upper", "work", "merged"):
+        os.mkdir(f"/tmp/{name}")
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            _check(_unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+            os.write(ready_w, b"1")
+            os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise SetupError("a user namespace could not be created")
+        userns = _write_maps(child, 0x40000000, 65536)
+        _idmapped_clone("/", "/tmp/lower", userns)
+        options = b"lowerdir=/tmp/lower,upperdir=/tmp/upper,workdir=/tmp/work"
+        _check(_mount(b"overlay", b"/tmp/merged", b"overlay", 0, options), "overlay of /")
+    finally:
+        os.write(go_w, b"1")
+        os.waitpid(child, 0)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ("launcher", "holder"):
-        os.write(2, b"usage: sandbox_enter.py launcher CONTROL_FD | holder SPEC_FD\n")
+    modes = ("launcher", "holder", "probe")
+    if len(argv) not in (2, 3) or argv[1] not in modes or (argv[1] == "probe") != (len(argv) == 2):
+        os.write(2, b"usage: sandbox_enter.py launcher CONTROL_FD | holder SPEC_FD | probe\n")
         return 2
     code = 0
     try:
         if argv[1] == "launcher":
             run_launcher(int(argv[2]))
-        else:
+        elif argv[1] == "holder":
             run_holder(_read_spec(int(argv[2])))
+        else:
+            run_probe()
     except BaseException as exc:
-        os.write(2, f"sandbox: {exc}\n".encode(errors="replace"))
+        os.write(2, f"{exc}\n".encode(errors="replace"))
         code = 125
     # os._exit: no interpreter shutdown (which may import) inside the trial's files
     os._exit(code)
