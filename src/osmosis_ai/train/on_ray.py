@@ -352,14 +352,14 @@ def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: Trainin
             callbacks=[ControllerLookout(watch)],  # pyright: ignore[reportArgumentType]
         ),
     )
-    _await_actor(run, watch, "the driver's watch of Ray Train's controller")
     pump = _Pump(run, events, on_first_step=fleet.steps_begun.set)
     pump.start()
-    run.stage(
-        f"placing {ask.workers} trainer worker(s) × {_amounts(ask.worker)} with Ray Train "
-        f"(they get {_start_timeout():g}s to be placed: {START_TIMEOUT_ENV})"
-    )
     try:
+        _await_actor(run, watch, "the driver's watch of Ray Train's controller")
+        run.stage(
+            f"placing {ask.workers} trainer worker(s) × {_amounts(ask.worker)} with Ray Train "
+            f"(they get {_start_timeout():g}s to be placed: {START_TIMEOUT_ENV})"
+        )
         result = _await_fit(run, trainer, watch, pump, ask)
     finally:
         pump.stop()
