@@ -47,8 +47,13 @@ async def sweep_forever(platform: Platform, interval_s: float) -> None:
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(interval_s)
+        running = loop.run_in_executor(None, sweep, platform)
         try:
-            swept = await loop.run_in_executor(None, sweep, platform)
+            swept = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            # Shutting down: let the pass finish before the database is closed under it.
+            await asyncio.wait([running])
+            raise
         except Exception:  # the next pass tries again; the server keeps serving
             logger.exception("the storage sweep failed")
             continue
