@@ -185,6 +185,18 @@ class Lab:
                 .order_by(RunSample.row_index, RunSample.run_index)
             )
 
+    def dashboard(self, path: str) -> str:
+        """The dashboard page at ``path``, signed in as alice."""
+        with httpx.Client(base_url=self.world.url, timeout=30) as browser:
+            login = browser.get("/login").text
+            csrf = login.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+            email, token = "alice@example.com", self.world.tokens["alice"]
+            signed = browser.post("/login", data={"csrf": csrf, "email": email, "token": token})
+            assert signed.status_code == 303, signed.text
+            page = browser.get(path)
+            assert page.status_code == 200, page.text[:500]
+            return page.text
+
     def log_text(self, run_id: str) -> str:
         with self.world.database.read() as session:
             logs = session.query(RunLog).filter(RunLog.run_id == run_id).all()
@@ -240,18 +252,20 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
 
 
 @pytest.mark.timeout(600)
-def test_both_templates_reach_full_marks_on_a_seeded_ten_percent_sample(lab: Lab):
+def test_both_templates_reach_full_marks_on_every_row_without_a_limit(lab: Lab):
     for template in TEMPLATES:
-        run_id = lab.submit(template)
+        lab.model.prompts.clear()
+        run_id = lab.submit(template)  # no limit: every row, as `osmosis eval run` does
         ctx = lab.execute()
         assert ctx.run.id == run_id
         run = lab.run_row(run_id)
         assert run.status == "finished", (run.error, lab.log_text(run_id))
-        expected = eval_job.managed_rows(DATASET_ROWS, None, run_id)
-        assert len(expected) == 2  # 10 % of 20 rows
         samples = lab.samples(run_id)
-        assert [s.source_row_index for s in samples] == expected
-        assert [(s.row_index, s.run_index) for s in samples] == [(0, 0), (1, 0)]
+        assert [s.source_row_index for s in samples] == list(range(DATASET_ROWS))
+        assert [(s.row_index, s.run_index) for s in samples] == [
+            (r, 0) for r in range(DATASET_ROWS)
+        ]
+        assert sorted(lab.model.prompts) == sorted(first_operands())
         assert all(s.status == "success" and s.reward == 1.0 for s in samples)
         store = ObjectStore(lab.world.settings.objects_dir)
         for sample in samples:
@@ -259,21 +273,23 @@ def test_both_templates_reach_full_marks_on_a_seeded_ten_percent_sample(lab: Lab
             document = json.loads(store.path(sample.trajectory_key).read_bytes())
             assert document["session_id"] == sample.rollout_id
         assert run.results is not None and run.results["pass_rate"] == 1.0
-        assert run.results["total_samples"] == 2
-        assert (run.current_step, run.total_steps) == (2, 2)
+        assert run.results["total_samples"] == DATASET_ROWS
+        assert (run.results["rows"], run.results["dataset_rows"]) == (DATASET_ROWS, DATASET_ROWS)
+        assert (run.current_step, run.total_steps) == (DATASET_ROWS, DATASET_ROWS)
         logs = lab.log_text(run_id)
-        assert "Finished: 2 of 2 passed" in logs
+        assert "Evaluating 20 work items (20 of 20 rows x 1)" in logs
+        assert "Finished: 20 of 20 passed" in logs
+        page = lab.dashboard(f"/w/evals/evals/{run_id}")
+        assert re.search(r'data-test="run-rows">\s*20 of 20 × 1<', page), page
         assert SECRET not in logs
         assert SECRET not in store.path(f"runs/{run_id}/files/logs.txt").read_text()
 
 
 def test_managed_rows_rule():
-    assert eval_job.managed_rows(20, 3, "run") == [0, 1, 2]
-    assert eval_job.managed_rows(2, 5, "run") == [0, 1]
-    assert eval_job.managed_rows(5, None, "run") == eval_job.managed_rows(5, None, "run")
-    assert len(eval_job.managed_rows(5, None, "run")) == 1  # at least one row
-    assert len(eval_job.managed_rows(100, None, "a")) == 10
-    assert eval_job.managed_rows(100, None, "a") != eval_job.managed_rows(100, None, "b")
+    assert eval_job.managed_rows(20, 3) == [0, 1, 2]
+    assert eval_job.managed_rows(2, 5) == [0, 1]
+    assert eval_job.managed_rows(20, None) == list(range(20))  # no limit: every row
+    assert eval_job.managed_rows(0, None) == []
     assert eval_job.rows_spec([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
@@ -469,6 +485,9 @@ def test_eval_commands_against_the_platform(lab: Lab, tmp_path: Path, capsys, mo
     assert listed[0]["results"]["pass_rate"] == 1.0
     info = ok("eval", "info", name, "-o", str(tmp_path / "info"))["data"]
     assert info["metrics"]["overview"]["total_samples"] == 2
+    assert (info["results"]["rows"], info["results"]["dataset_rows"]) == (2, DATASET_ROWS)
+    shown = invoke(capsys, "--plain", "eval", "info", name, "-o", str(tmp_path / "info"))
+    assert "Rows: 2 of 20 dataset rows × 1" in shown.out.splitlines()
     written = json.loads((tmp_path / "info" / "metrics.json").read_text())
     assert written["summary"]["pass_rate"] == 1.0 and written["eval_run"]["name"] == name
     logs = ok("eval", "logs", name, "--limit", "200")["items"]
@@ -513,6 +532,18 @@ def test_eval_commands_against_the_platform(lab: Lab, tmp_path: Path, capsys, mo
     assert sorted(names) == sorted([name, "local-1"])
     retry = lab.world.client("alice", repo=REPO).post("/api/cli/eval-runs/local-1/retry", json={})
     assert retry.status_code == 409 and "RUN_IMPORTED" in retry.text
+
+    # the submit's answer says how many rows the run evaluates: every row without a limit
+    said = invoke(capsys, "--plain", "eval", "submit", config, "-y")
+    assert said.code == 0, said.err
+    lines = said.out.splitlines()
+    assert "Rows: all 20 rows of multiply" in lines
+    limited = Path(config).with_name("first-three.toml")
+    limited.write_text(Path(config).read_text().replace("# limit = 10 ", "limit = 3 "))
+    submitted = ok("eval", "submit", str(limited), "-y")["resource"]
+    assert submitted["rows"] == {"limit": 3, "dataset_rows": DATASET_ROWS, "rows": 3}
+    for made in (lines[0].rpartition(": ")[2], submitted["name"]):
+        ok("eval", "stop", made, "-y")
 
     pending = lab.submit("multiply-local-openai", limit=1)
     refused = invoke(capsys, "eval", "stop", pending, "--json")

@@ -564,7 +564,7 @@ CONSTANT = "ctx.set_reward(0.5)  # the same reward for every answer"
 
 @pytest.mark.timeout(600)
 def test_a_run_without_a_learning_signal_ends_failed_saying_why_everywhere(
-    cli: Platform, capsys, tmp_path: Path
+    cli: Platform, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ):
     platform = cli
     main = platform.origin / "rollouts" / "copy-digit" / "main.py"

@@ -10,6 +10,7 @@ redacted from any error the platform answers with.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,9 @@ def submit(args: argparse.Namespace, ctx: Context, kind: SubmitKind) -> Operatio
             summary["Branch"] = experiment.branch
         if experiment.commit_sha:
             summary["Commit"] = experiment.commit_sha
+        rows = _eval_rows(session, config) if isinstance(config, EvalConfig) else None
+        if rows is not None:
+            summary["Rows"] = rows_text(rows)
         summary |= {f"env.{name}": value for name, value in sorted(config.env.items())}
         provided, scopes = _resolve_secrets(ctx, session, config, args.secrets_file)
         summary |= {f"secret.{name}": scope for name, scope in sorted(scopes.items())}
@@ -102,7 +106,34 @@ def submit(args: argparse.Namespace, ctx: Context, kind: SubmitKind) -> Operatio
             warnings=[message for _, message in advisories],
         )
         result = _post(session, kind, run_payload(config, provided), provided)
-        return _result(kind, session, config, result)
+        return _result(kind, session, config, result, rows)
+
+
+def _eval_rows(session: Session, config: EvalConfig) -> dict[str, object]:
+    """The rows a managed eval evaluates: ``limit`` (``None``: every row) and, when the
+    platform names it, the dataset's row count and so the count evaluated."""
+    from osmosis_ai.platform.client import segment
+
+    limit = config.evaluation.limit
+    total: int | None = None
+    with contextlib.suppress(PlatformClientError):  # the platform checks the dataset at submit
+        found = session.client.call(
+            "GET", f"/api/cli/datasets/{segment(config.experiment.dataset)}"
+        )
+        count = found.get("row_count")
+        total = count if isinstance(count, int) and not isinstance(count, bool) else None
+    rows = None if total is None else total if limit is None else min(limit, total)
+    return {"limit": limit, "dataset_rows": total, "rows": rows}
+
+
+def rows_text(rows: dict[str, object]) -> str:
+    """``all 20 rows`` / ``the first 3 of 20 rows`` (``…rows`` when the count is unknown)."""
+    limit, total = rows.get("limit"), rows.get("dataset_rows")
+    if limit is None:
+        return "all rows" if total is None else f"all {total} rows"
+    if total is None:
+        return f"the first {limit} rows"
+    return f"the first {rows.get('rows')} of {total} rows"
 
 
 def _config_path(path: Path, root: Path) -> Path:
@@ -237,6 +268,7 @@ def _result(
     session: Session,
     config: EvalConfig | TrainingConfig,
     result: SubmitResult,
+    rows: dict[str, object] | None = None,
 ) -> OperationResult:
     experiment = config.experiment
     resource: dict[str, object] = {
@@ -258,8 +290,11 @@ def _result(
         "branch": experiment.branch,
         "commit_sha": experiment.commit_sha,
     }
+    if rows is not None:
+        resource["rows"] = rows
     steps = [
         f"Status: {result.status}",
+        *([f"Rows: {rows_text(rows)} of {experiment.dataset}"] if rows is not None else []),
         f"View: {result.platform_url}"
         if result.platform_url
         else f"Check it with: osmosis {kind.verb} info {result.name}",

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         ("Commit", data.get("commit_sha")),
         ("Created", data.get("created_at")),
         ("Completed", data.get("completed_at")),
+        ("Rows", _rows_text(data.get("results"), data.get("config"))),
         ("Pass rate", pass_rate_text(overview or data.get("results"))),
     ]
     if isinstance(overview, dict):
@@ -76,3 +77,15 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
     if written is not None:
         fields.append(("Metrics", str(written)))
     return DetailResult(title="Eval run", data=data, fields=fields)
+
+
+def _rows_text(results: object, config: object) -> str | None:
+    """``20 of 20 dataset rows × 1`` once the run picked its rows."""
+    if not isinstance(results, dict):
+        return None
+    rows, total = results.get("rows"), results.get("dataset_rows")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if not isinstance(rows, int):
+        return None
+    n = config.get("n") if isinstance(config, dict) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    of = f" of {total} dataset rows" if isinstance(total, int) else " rows"
+    return f"{rows}{of} × {n if isinstance(n, int) else 1}"

@@ -3,9 +3,11 @@
 :func:`execute` writes the run's config (its ``[experiment]``, ``[evaluation]``,
 ``[advanced]``, ``[env]`` and ``[secrets]`` as submitted) into the checkout's
 ``configs/eval/``, copies the dataset from the object store into the work dir, picks the
-rows (reference §4.5: ``limit`` unset → a random 10 % sample seeded by the run id, at least
-one row; set → the first ``limit`` rows) and calls :func:`~osmosis_ai.eval.runner.run_eval`
-with the run dir under the work dir, no prompt and no confirmation.
+rows (``limit`` unset → every row, as ``osmosis eval run`` does; set → the first ``limit``
+rows; the hosted platform of the reference samples 10 % without a limit, which surprised
+users, see its known pain points) and calls :func:`~osmosis_ai.eval.runner.run_eval` with the
+run dir under the work dir, no prompt and no confirmation. The run's results carry ``rows``
+(evaluated) and ``dataset_rows`` from the start, so ``eval info`` and the dashboard show them.
 
 While it runs, every finished work item is stored as the run's sample (with the trajectory
 and artifacts of that attempt) and every stage line and warning becomes a run log entry,
@@ -31,7 +33,6 @@ import contextlib
 import json
 import math
 import os
-import random
 import signal
 import threading
 import time
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
 EVAL_DIR = "eval"
 DATASET_DIR = "dataset"
 CONFIG_DIR = Path("configs") / "eval"
-SAMPLE_FRACTION = 0.1
 FLUSH_INTERVAL_S = 0.2
 FLUSH_ITEMS = 64
 TRAJECTORY_WAIT_S = 30.0
@@ -78,14 +78,9 @@ def execute(ctx: JobContext) -> None:
 # --- rows ------------------------------------------------------------------------------
 
 
-def managed_rows(total: int, limit: int | None, seed: str) -> list[int]:
-    """The source rows of a managed run: the first ``limit``, else a seeded 10 % sample."""
-    if limit is not None:
-        return list(range(min(limit, total)))
-    if total <= 0:
-        return []
-    count = max(1, math.floor(total * SAMPLE_FRACTION))
-    return sorted(random.Random(seed).sample(range(total), count))
+def managed_rows(total: int, limit: int | None) -> list[int]:
+    """The source rows of a managed run: the first ``limit``, else every row."""
+    return list(range(total if limit is None else min(limit, total)))
 
 
 def rows_spec(rows: Sequence[int]) -> str:
@@ -339,6 +334,7 @@ class _EvalJob:
         self._signals = threading.current_thread() is threading.main_thread()
         self._running = True
         self._signalled = False
+        self.rows: dict[str, object] = {}
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -347,6 +343,10 @@ class _EvalJob:
         try:
             options = self._options()
             plan = self._reconcile(options)
+            self.rows = {"rows": len(plan.rows), "dataset_rows": plan.total_rows}
+            self.ctx.reporter.progress(
+                total_steps=len(plan.items), results={**(self.run.results or {}), **self.rows}
+            )
             self.ctx.reporter.log(
                 f"Evaluating {len(plan.items)} work items ({len(plan.rows)} of "
                 f"{plan.total_rows} rows x {plan.n})",
@@ -425,7 +425,12 @@ class _EvalJob:
             total_steps=result.total_work_items,
             examples_processed=result.total_work_items - result.pending,
             reward=metrics.reward_stats.mean if metrics.reward_stats is not None else None,
-            results={**summary, "duration_ms": result.duration_ms, "pending": result.pending},
+            results={
+                **summary,
+                "duration_ms": result.duration_ms,
+                "pending": result.pending,
+                **self.rows,
+            },
         )
         forwarded = self.forwarder
         if forwarded.stored:
@@ -512,8 +517,7 @@ class _EvalJob:
 
         evaluation = dict(run.evaluation_config or {})
         limit = evaluation.get("limit")
-        total = len(read_rows(dataset))
-        rows = managed_rows(total, limit if isinstance(limit, int) else None, run.id)
+        rows = managed_rows(len(read_rows(dataset)), limit) if isinstance(limit, int) else None
         config = self._write_config(evaluation)
         results = run.results or {}
         return EvalRunOptions(
