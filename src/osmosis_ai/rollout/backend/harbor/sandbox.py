@@ -604,14 +604,12 @@ def default_environment_config(**kwargs: Any) -> Any:
 @dataclass
 class _Holder:
     """A running trial: its privileged helper (a session of its own, ``pidfd`` to wait on
-    it), the helper's control socket (commands start through it), the holder's stdin and
-    stdout, bubblewrap's init in the trial's PID namespace and the holder process inside."""
+    it), the helper's control socket (commands start through it), bubblewrap's init in the
+    trial's PID namespace and the holder process inside (host pids)."""
 
     helper_pid: int
     pidfd: int
     control: socket.socket
-    stdin: Any
-    stdout: Any
     init_pid: int = 0
     pid: int = 0
 
@@ -862,63 +860,43 @@ class LocalSandboxEnvironment(BaseEnvironment):
         )
         self._trial_dir = trial_dir
         binds = self._prepare_trial(trial_dir)
-        read_fd, write_fd = os.pipe()
-        control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = {
             "uid_base": TRIAL_ID_BASE,
             "id_count": TRIAL_ID_COUNT,
             **{name: str(trial_dir / name) for name in ("lower", "upper", "work", "merged")},
             "binds": binds,
             "bwrap": self._bwrap_command(),
-            # the holder: keeps the namespaces alive until the sandbox is stopped
+            # the holder: keeps the namespaces alive until the helper ends
             "command": ["/bin/sh", "-c", "echo ready; read _"],
             "path": os.environ.get("PATH", BASE_PATH),
             "last_cap": _last_capability(),
+            "ready_timeout_ms": int(_ATTACH_TIMEOUT_SEC * 1000),
         }
         errors = trial_dir / "io" / "holder.err"
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
+        control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with errors.open("wb") as stderr:
-                helper_pid = _launcher.launch(
-                    spec, [stdin_r, stdout_w, stderr.fileno(), write_fd, control_child.fileno()]
-                )
+                helper_pid = _launcher.launch(spec, [stderr.fileno(), control_child.fileno()])
         except BaseException:
-            for fd in (read_fd, stdin_w, stdout_r):
-                os.close(fd)
             control.close()
             raise
         finally:
-            for fd in (write_fd, stdin_r, stdout_w):
-                os.close(fd)
             control_child.close()
-        holder = _Holder(
-            helper_pid,
-            os.pidfd_open(helper_pid),
-            control,
-            os.fdopen(stdin_w, "wb", buffering=0),
-            os.fdopen(stdout_r, "rb"),
-        )
+        holder = _Holder(helper_pid, os.pidfd_open(helper_pid), control)
         try:
-            holder.init_pid = _wait_ready(holder.stdout, read_fd)
-            holder.pid = _child_of(holder.init_pid)
-        except (SandboxError, OSError, ValueError) as exc:
-            _end_holder(holder)
-            detail = errors.read_text(errors="replace").strip()
-            raise SandboxError(f"the sandbox did not start: {detail or exc}") from None
-        finally:
-            os.close(read_fd)
-        try:
-            control.settimeout(_ATTACH_TIMEOUT_SEC)
-            control.send(f"attach {holder.pid}".encode())
+            control.settimeout(_ATTACH_TIMEOUT_SEC + 5)
             answer = control.recv(65536).decode(errors="replace")
         except OSError as exc:
             answer = f"error {type(exc).__name__}: {exc}"
-        if answer != "ok":
+        word, _, value = answer.partition(" ")
+        if word != "ok":
             _end_holder(holder)
             detail = errors.read_text(errors="replace").strip()
-            reason = answer.removeprefix("error ") or detail or "no answer"
-            raise SandboxError(f"the sandbox did not start: {reason}")
+            raise SandboxError(
+                f"the sandbox did not start: {value if word == 'error' else detail or 'no answer'}"
+            )
+        init_pid, holder_pid = value.split()
+        holder.init_pid, holder.pid = int(init_pid), int(holder_pid)
         control.setblocking(False)
         self._holder = holder
 
@@ -1225,54 +1203,6 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
 
 
-def _wait_ready(stdout: Any, info_fd: int) -> int:
-    """bubblewrap's init pid (host numbering) once the holder inside says ``ready``."""
-    deadline = time.monotonic() + _ATTACH_TIMEOUT_SEC
-
-    def wait_readable(fd: int) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise SandboxError(f"the sandbox was not ready within {_ATTACH_TIMEOUT_SEC:.0f} s")
-
-    data = b""
-    while b"}" not in data:
-        wait_readable(info_fd)
-        chunk = os.read(info_fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    try:
-        info = json.loads(data.decode() or "{}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        info = {}
-    if not isinstance(info, dict) or "child-pid" not in info:
-        raise SandboxError("bwrap did not report its pid")
-    wait_readable(stdout.fileno())
-    if stdout.readline().strip() != b"ready":
-        raise SandboxError("the holder did not say ready")
-    return int(info["child-pid"])
-
-
-def _child_of(pid: int) -> int:
-    """The first child of ``pid`` (bubblewrap's init runs the holder as its child)."""
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        children = []
-    if children:
-        return int(children[0])
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            return int(entry.name)
-    raise SandboxError(f"the sandbox's holder process (child of {pid}) was not found")
-
-
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -1376,8 +1306,6 @@ def _end_holder(holder: _Holder) -> None:
     """End the sandbox: killing the PID namespace's init kills every process in it, and the
     helper ends with it (or when its control socket closes)."""
     holder.control.close()
-    with contextlib.suppress(OSError):
-        holder.stdin.close()
     if holder.init_pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(holder.init_pid, signal.SIGKILL)
@@ -1390,7 +1318,6 @@ def _end_holder(holder: _Holder) -> None:
                 )
     finally:
         os.close(holder.pidfd)
-        holder.stdout.close()
 
 
 class _Launcher:
@@ -1404,8 +1331,8 @@ class _Launcher:
         self._socket: socket.socket | None = None
 
     def launch(self, spec: dict[str, Any], fds: Sequence[int]) -> int:
-        """Start one trial's helper with ``spec`` and the holder's stdin, stdout, stderr,
-        bubblewrap's info pipe and the control socket; returns the helper's pid."""
+        """Start one trial's helper with ``spec``, its stderr and its control socket;
+        returns the helper's pid."""
         spec_fd = _spec_file(spec)
         try:
             with self._lock:

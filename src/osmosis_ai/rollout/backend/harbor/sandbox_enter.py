@@ -7,23 +7,22 @@ process). Standard library only, no import of the package, and nothing imported 
 start-up (a lazy import inside a trial would read the trial's files).
 
 ``launcher CONTROL_FD``
-    One per host process: forks a trial helper per request (see :func:`run_launcher`), so a
-    trial costs a fork, not an interpreter start.
+    One per host process: forks a helper per trial (:func:`run_launcher`), so a trial costs
+    a fork, not an interpreter start.
 
-``holder SPEC_FD`` (or forked by the launcher)
-    Sets one trial up (:func:`run_holder`). A child creates the trial's user namespace,
-    whose ids ``0..count-1`` this process maps to the unprivileged host ids
-    ``base..base+count-1`` (and which forbids further user namespaces inside); in a private
-    mount namespace the host root is cloned as an idmapped mount (host uid ``n`` shows as
-    ``n`` inside) under an overlay with the trial's upper folder; the child then becomes
-    root of that namespace and executes bubblewrap, which builds the trial's root from the
-    overlay and starts the holder process with no capabilities and ``no_new_privs``. This
-    process then joins the trial's namespaces and root and serves commands (:func:`serve`):
-    for each, a forked child (in the trial's PID namespace) drops every capability
-    (bounding, ambient, inheritable, permitted, effective), locks the securebits so that
-    root inside regains none on exec, switches to the named user with that user's groups
-    (``/etc/passwd`` and ``/etc/group`` read as data), sets ``no_new_privs`` and only then
-    executes the command.
+The helper (:func:`run_holder`) sets one trial up. A child creates the trial's user
+namespace, whose ids ``0..count-1`` the helper maps to the unprivileged host ids
+``base..base+count-1`` (and which forbids further user namespaces inside); in a private
+mount namespace the host root is cloned as an idmapped mount (host uid ``n`` shows as ``n``
+inside) under an overlay with the trial's upper folder; the child then becomes root of that
+namespace and executes bubblewrap, which builds the trial's root from the overlay and
+starts the holder process with no capabilities and ``no_new_privs``. Once the holder says
+ready, the helper joins the trial's namespaces and root and serves commands
+(:func:`serve`): for each, a forked child (in the trial's PID namespace) drops every
+capability (bounding, ambient, inheritable, permitted, effective), locks the securebits so
+that root inside regains none on exec, switches to the named user with that user's groups
+(``/etc/passwd`` and ``/etc/group`` read as data), sets ``no_new_privs`` and only then
+executes the command.
 
 ``probe``
     Checks that this host can do the above (:func:`run_probe`); exit status 0 when it can.
@@ -190,11 +189,12 @@ def _write_maps(pid: int, base: int, count: int) -> int:
     return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
 
 
-def _become_bwrap(ready: int, go: int, info_fd: int, argv: list[str], path: str) -> None:
+def _become_bwrap(ready: int, go: int, stdio: tuple[int, int], argv: list[str], path: str) -> None:
     """The child that becomes bubblewrap: it creates the trial's user namespace (so what
     bubblewrap creates there, mount, PID, network... namespaces, belongs to it, not to the
     host's), waits for its maps and the trial's mounts, forbids further user namespaces
-    inside, becomes its root and executes bubblewrap with stdio and the info pipe only."""
+    inside, becomes its root and executes bubblewrap with the holder's stdin and stdout
+    and this process's stderr only."""
     _check(_unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
     os.write(ready, b"1")
     if os.read(go, 1) != b"1":
@@ -204,11 +204,43 @@ def _become_bwrap(ready: int, go: int, info_fd: int, argv: list[str], path: str)
     os.setgroups([])
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
-    os.closerange(3, info_fd)
-    os.closerange(info_fd + 1, 1 << 20)
+    os.dup2(stdio[0], 0)
+    os.dup2(stdio[1], 1)
+    os.closerange(3, 1 << 20)
     # execve, not execvpe: a PATH search imports, and this user may not read the host's
     # Python (under a 0700 home, say)
     os.execve(argv[0], argv, {"PATH": path})
+
+
+def _first_child(pid: int) -> int:
+    children = _read_small(f"/proc/{pid}/task/{pid}/children").split()
+    if not children:
+        raise SetupError(f"process {pid} has no child (bubblewrap ended?)")
+    return int(children[0])
+
+
+def _read_small(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
+
+
+def _wait_ready(fd: int, timeout_ms: int) -> None:
+    """Wait for the holder's ``ready`` line (it runs inside the finished sandbox)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    data = b""
+    while b"\n" not in data:
+        if not poller.poll(timeout_ms):
+            raise SetupError(f"the sandbox was not ready within {timeout_ms // 1000} s")
+        chunk = os.read(fd, 64)
+        if not chunk:
+            raise SetupError("bubblewrap ended before the sandbox was ready")
+        data += chunk
+    if data.strip() != b"ready":
+        raise SetupError(f"the holder said {data!r}, not ready")
 
 
 def _stage(sources: list[str]) -> None:
@@ -230,7 +262,10 @@ def _stage(sources: list[str]) -> None:
 
 
 def run_holder(spec: dict[str, Any]) -> None:
-    """Set the trial up, start bubblewrap as a child, then serve commands (see serve)."""
+    """Set the trial up, start bubblewrap as a child, join the trial, answer ``ok INIT
+    HOLDER`` (host pids of bubblewrap's init and of the holder) on the control socket, then
+    serve commands (see :func:`serve`)."""
+    control_fd = int(spec["control_fd"])
     _check(_unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _check(_mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
     lower, upper, work, merged = (str(spec[k]) for k in ("lower", "upper", "work", "merged"))
@@ -238,24 +273,25 @@ def run_holder(spec: dict[str, Any]) -> None:
     # traverse the host folders above them (a 0700 temporary folder, say): each source is
     # bound under a tmpfs that shadows /tmp in this private mount namespace only.
     sources = [(merged, "/", False), *spec["binds"]]
-    info_fd = int(spec["info_fd"])
     argv = [str(spec["bwrap"][0])]
     for index, (_, target, read_only) in enumerate(sources):
         argv += ["--ro-bind" if read_only else "--bind", f"/tmp/{index}", str(target)]
     argv += [str(word) for word in spec["bwrap"][1:]]
-    argv += ["--info-fd", str(info_fd), "--", *(str(word) for word in spec["command"])]
+    argv += ["--", *(str(word) for word in spec["command"])]
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
+    # the holder reads its stdin until this process ends, and says ready on its stdout
+    hold_r, _hold_w = os.pipe()  # the write end stays open as long as this process
+    said_r, said_w = os.pipe()
     bwrap_pid = os.fork()
     if bwrap_pid == 0:
         try:
-            _become_bwrap(ready_w, go_r, info_fd, argv, str(spec["path"]))
+            _become_bwrap(ready_w, go_r, (hold_r, said_w), argv, str(spec["path"]))
         except BaseException as exc:
             os.write(2, f"sandbox: starting bwrap: {exc}\n".encode(errors="replace"))
         os._exit(127)
-    os.close(ready_w)
-    os.close(go_r)
-    os.close(info_fd)
+    for fd in (ready_w, go_r, hold_r, said_w):
+        os.close(fd)
     try:
         if os.read(ready_r, 1) != b"1":
             raise SetupError("bubblewrap's user namespace could not be created")
@@ -266,17 +302,19 @@ def run_holder(spec: dict[str, Any]) -> None:
         _check(_mount(b"overlay", merged.encode(), b"overlay", 0, options.encode()), "overlay")
         _stage([str(source) for source, _, _ in sources])
         os.write(go_w, b"1")
-    except BaseException:
+        _wait_ready(said_r, int(spec["ready_timeout_ms"]))
+        init = _first_child(bwrap_pid)
+        holder = _first_child(init)
+        _enter(holder)
+    except BaseException as exc:
         os.kill(bwrap_pid, _signal.SIGKILL)
+        _send(control_fd, f"error {exc}")
         raise
     finally:
-        os.close(ready_r)
-        os.close(go_w)
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(null, 1)
-    os.close(null)
-    serve(int(spec["control_fd"]), bwrap_pid, int(spec["last_cap"]))
+        for fd in (ready_r, go_w, said_r):
+            os.close(fd)
+    _send(control_fd, f"ok {init} {holder}")
+    serve(control_fd, bwrap_pid, int(spec["last_cap"]))
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -417,25 +455,16 @@ def _receive_fds(control: Any) -> tuple[bytes, list[int]]:
 
 
 def serve(control_fd: int, bwrap_pid: int, last_cap: int) -> None:
-    """Run commands in the trial on request until the host hangs up or the trial ends.
+    """Run commands in the trial (already joined) on request until the host hangs up or the
+    trial ends.
 
-    The control socket (SOCK_SEQPACKET) first brings ``attach PID``, the trial's holder
-    process: this process joins it and answers ``ok`` (or ``error TEXT``). Every later
-    message carries five descriptors: the command's spec (a marshalled mapping of ``user``,
-    ``cwd``, ``argv``, ``env``), its stdin, stdout and stderr, and a reply socket that gets
-    ``pid N`` once the command runs (its pid on the host, a process group of its own) and
-    ``exit CODE`` when it ends, or ``error TEXT`` if it could not start.
+    Every message on the control socket (SOCK_SEQPACKET) carries five descriptors: the
+    command's spec (a marshalled mapping of ``user``, ``cwd``, ``argv``, ``env``), its stdin,
+    stdout and stderr, and a reply socket that gets ``pid N`` once the command runs (its pid
+    on the host, a session of its own) and ``exit CODE`` when it ends (128 + signal when
+    killed), or ``error TEXT`` if it could not start.
     """
     control = _socket.socket(fileno=control_fd)
-    word, _, pid = os.read(control_fd, 64).decode(errors="replace").partition(" ")
-    try:
-        if word != "attach":
-            raise SetupError(f"expected 'attach PID', got {word!r}")
-        _enter(int(pid))
-    except (SetupError, OSError, ValueError) as exc:
-        _send(control_fd, f"error joining the sandbox: {exc}")
-        return
-    _send(control_fd, "ok")
     poller = select.poll()
     poller.register(control_fd, select.POLLIN)
     trial_end = os.pidfd_open(bwrap_pid)
@@ -481,11 +510,10 @@ def serve(control_fd: int, bwrap_pid: int, last_cap: int) -> None:
 
 def run_launcher(control_fd: int) -> None:
     """Start trials on request, forking this already running process (no interpreter start
-    per trial). Each message carries six descriptors: the spec, the holder's stdin, stdout
-    and stderr, bubblewrap's info pipe and the trial's control socket; the answer is
-    ``pid N`` (the trial's helper, a session of its own) or ``error TEXT``. Ends when the
-    host process hangs up or ends (its socket closes; no parent-death signal, which would
-    follow the host thread that happened to start this one).
+    per trial). Each message carries three descriptors: the spec, the trial's stderr and its
+    control socket; the answer is ``pid N`` (the trial's helper, a session of its own) or
+    ``error TEXT``. Ends when the host process hangs up or ends (its socket closes; no
+    parent-death signal, which would follow the host thread that happened to start this).
     """
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # trials are reaped by the kernel
     control = _socket.socket(fileno=control_fd)
@@ -494,10 +522,10 @@ def run_launcher(control_fd: int) -> None:
         if not data:
             return
         try:
-            if len(fds) != 6:
-                raise SetupError(f"expected 6 descriptors, got {len(fds)}")
+            if len(fds) != 3:
+                raise SetupError(f"expected 3 descriptors, got {len(fds)}")
             spec = _read_spec(fds[0])
-            spec["info_fd"], spec["control_fd"] = fds[4], fds[5]
+            spec["control_fd"] = fds[2]
             pid = os.fork()
         except (SetupError, OSError, ValueError, EOFError, TypeError) as exc:
             for fd in fds:
@@ -513,9 +541,11 @@ def run_launcher(control_fd: int) -> None:
                 _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
                 os.close(control_fd)
                 os.setsid()
-                for target, fd in enumerate(fds[1:4]):
+                null = os.open(os.devnull, os.O_RDWR)
+                for target, fd in enumerate((null, null, fds[1])):
                     os.dup2(fd, target)
-                    os.close(fd)
+                os.close(null)
+                os.close(fds[1])
                 run_holder(spec)
             except BaseException as exc:
                 os.write(2, f"sandbox: {exc}\n".encode(errors="replace"))
@@ -560,16 +590,17 @@ def run_probe() -> None:
 
 
 def main(argv: list[str]) -> int:
-    modes = ("launcher", "holder", "probe")
-    if len(argv) not in (2, 3) or argv[1] not in modes or (argv[1] == "probe") != (len(argv) == 2):
-        os.write(2, b"usage: sandbox_enter.py launcher CONTROL_FD | holder SPEC_FD | probe\n")
+    if argv[1:2] == ["launcher"] and len(argv) == 3:
+        mode = "launcher"
+    elif argv[1:] == ["probe"]:
+        mode = "probe"
+    else:
+        os.write(2, b"usage: sandbox_enter.py launcher CONTROL_FD | probe\n")
         return 2
     code = 0
     try:
-        if argv[1] == "launcher":
+        if mode == "launcher":
             run_launcher(int(argv[2]))
-        elif argv[1] == "holder":
-            run_holder(_read_spec(int(argv[2])))
         else:
             run_probe()
     except BaseException as exc:
