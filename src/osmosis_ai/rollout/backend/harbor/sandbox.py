@@ -822,8 +822,18 @@ class LocalSandboxEnvironment(BaseEnvironment):
         return [t for t in targets or _DEFAULT_LOG_DIRS if t not in bound]
 
     async def _make_dirs(self, dirs: Sequence[str]) -> None:
-        if dirs:
-            await self._checked(f"mkdir -p -- {' '.join(shlex.quote(d) for d in dirs)}", "root")
+        """``mkdir -p`` as the trial's root, done by the helper's unprivileged child itself
+        (no program started: this runs at every start)."""
+        if not dirs:
+            return
+        result = await self._run(
+            "", cwd="/", env={}, timeout_sec=60, user="root", mkdirs=list(dirs)
+        )
+        if result.return_code != 0:
+            raise SandboxError(
+                f"sandbox {self.session_id}: creating {', '.join(dirs)} failed: "
+                f"{(result.stderr or '').strip()}"
+            )
 
     def _host_mount_list(self) -> list[dict[str, Any]]:
         mounts = getattr(self, "_host_mounts", None)
@@ -1107,13 +1117,20 @@ class LocalSandboxEnvironment(BaseEnvironment):
         stdin: Any = None,
         stdout: Any = None,
         shell: str = "bash",
+        mkdirs: list[str] | None = None,
     ) -> ExecResult:
         holder = self._holder
         if holder is None or self._trial_dir is None:
             raise SandboxError(f"sandbox {self.session_id} is not running; call start() first")
         as_user = None if user in (None, "root", 0, "0") else str(user)
         shell_path = shell if shell.startswith("/") else f"/bin/{shell}"
-        spec = {"user": as_user, "cwd": cwd, "argv": [shell_path, "-c", command], "env": env}
+        spec = {
+            "user": as_user,
+            "cwd": cwd,
+            "argv": [shell_path, "-c", command],
+            "env": env,
+            "mkdirs": mkdirs or [],
+        }
         io_dir = self._trial_dir / "io"
         token = uuid.uuid4().hex
         out_path = io_dir / f"{token}.out"

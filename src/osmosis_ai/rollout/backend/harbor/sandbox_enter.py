@@ -409,6 +409,7 @@ def _start_command(spec: dict[str, Any], stdio: list[int], last_cap: int) -> int
         env["HOME"], env["USER"] = home, name
     argv = [str(word) for word in spec["argv"]]
     cwd = str(spec["cwd"])
+    folders = [str(path) for path in spec.get("mkdirs") or ()]
     child = os.fork()
     if child == 0:
         try:
@@ -422,6 +423,14 @@ def _start_command(spec: dict[str, Any], stdio: list[int], last_cap: int) -> int
             except OSError as exc:
                 os.write(2, f"sandbox-exec: cd {cwd}: {exc.strerror}\n".encode())
                 os._exit(1)
+            if folders:  # ``mkdir -p`` without starting a program, unprivileged like one
+                for folder in folders:
+                    try:
+                        os.makedirs(folder, exist_ok=True)
+                    except OSError as exc:
+                        os.write(2, f"mkdir {folder}: {exc.strerror}\n".encode())
+                        os._exit(1)
+                os._exit(0)
             os.execve(argv[0], argv, env)
         except BaseException as exc:
             os.write(2, f"sandbox-exec: {exc}\n".encode(errors="replace"))
