@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import inspect
 import json
+import re
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from osmosis_ai.controller.asgi import dumps, error_body
 from osmosis_ai.errors import UsageError
@@ -45,6 +46,7 @@ __all__ = [  # ScriptedTurn and ToolCall are defined in .turns and re-exported h
     "ToolCall",
     "default_key",
     "main",
+    "multiply_responder",
 ]
 
 OnExhausted = Literal["repeat_last", "error"]
@@ -388,6 +390,56 @@ def _error_body(status: int, message: str, code: str | None = None) -> bytes:
     return error_body(message, kind, code)
 
 
+# -- the multiply solver ----------------------------------------------------------------------
+
+_OPERANDS = re.compile(r"val1\s*=\s*(-?[\d.]+(?:e-?\d+)?)\s+val2\s*=\s*(-?[\d.]+(?:e-?\d+)?)")
+
+
+def multiply_responder(request: ChatRequest) -> ScriptedTurn:
+    """Solve the multiply templates' rows through their tool, as a capable model would.
+
+    First turn: call the request's multiply tool (its first two parameters) on the
+    ``val1 = …`` / ``val2 = …`` of the last user message. After the tool's result: answer
+    ``#### <result>``. A request with no such operands is answered ``ok``.
+    """
+    results = [m for m in request.messages if m.get("role") == "tool"]
+    if results:
+        text = content_text(results[-1].get("content")).strip()
+        try:
+            return ScriptedTurn(content=f"The product is\n#### {float(text):.4f}")
+        except ValueError:
+            return ScriptedTurn(content=f"The tool answered {text!r}\n#### {text}")
+    users = [m for m in request.messages if m.get("role") == "user"]
+    found = _OPERANDS.search(content_text(users[-1].get("content"))) if users else None
+    if found is None:
+        return ScriptedTurn(content="ok")
+    a, b = float(found.group(1)), float(found.group(2))
+    name, params = _multiply_tool(request.body.get("tools"))
+    if name is None:  # no tool offered: answer directly
+        return ScriptedTurn(content=f"The product is\n#### {a * b:.4f}")
+    return ScriptedTurn(tool_calls=[ToolCall(name, {params[0]: a, params[1]: b})])
+
+
+def _multiply_tool(tools: object) -> tuple[str | None, tuple[str, str]]:
+    """The offered tool whose name has ``multiply`` in it, and its first two parameters."""
+    if not isinstance(tools, list):
+        return None, ("a", "b")
+    for tool in cast(list[Any], tools):
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            continue
+        spec = cast(dict[str, Any], function)
+        name = spec.get("name")
+        if isinstance(name, str) and "multiply" in name:
+            properties = (spec.get("parameters") or {}).get("properties") or {}
+            keys = [k for k in properties if isinstance(k, str)]
+            return name, (keys[0], keys[1]) if len(keys) >= 2 else ("a", "b")
+    return None, ("a", "b")
+
+
+RESPONDERS: dict[str, Responder] = {"multiply": multiply_responder}
+
+
 # -- CLI ---------------------------------------------------------------------------------------
 
 
@@ -399,11 +451,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay before each reply")
-    parser.add_argument("--reply", help="answer every request with this text (default: echo)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--reply", help="answer every request with this text (default: echo)")
+    mode.add_argument(
+        "--solve",
+        choices=sorted(RESPONDERS),
+        help="solve a template's rows: 'multiply' calls the multiply tool, then answers "
+        "'#### <product>' (the multiply templates pass with it)",
+    )
     parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>'")
     args = parser.parse_args(argv)
     server = ScriptedModelServer(
         [args.reply] if args.reply is not None else None,
+        responder=RESPONDERS[args.solve] if args.solve is not None else None,
         on_exhausted="repeat_last",
         latency_ms=args.latency_ms,
         api_key=args.api_key,

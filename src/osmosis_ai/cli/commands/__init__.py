@@ -41,12 +41,18 @@ def load(module: str) -> CommandModule:
 
 
 def parse(module: CommandModule, prog: str, help: str, argv: list[str]) -> argparse.Namespace:
-    """Build the command's parser and parse ``argv`` (``--help`` prints and exits 0)."""
+    """Build the command's parser and parse ``argv`` (``--help`` prints and exits 0).
+
+    Every command takes ``-y/--yes``: the ones that ask for confirmation skip it, the others
+    accept it and do nothing, so a script can pass it to every command.
+    """
     parser = ArgumentParser(
         prog=prog,
         description=help,
         epilog="Global options (anywhere on the line): --json, --plain.",
+        conflict_handler="resolve",  # a command may describe -y/--yes its own way
     )
+    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     module.add_arguments(parser)
     if getattr(module, "PASSTHROUGH", False):
         namespace, extra = parser.parse_known_args(argv)

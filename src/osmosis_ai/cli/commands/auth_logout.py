@@ -19,7 +19,7 @@ _UNREADABLE = ("CREDENTIALS_PARSE_FAILED", "CREDENTIALS_VERSION_CHANGED")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    """-y/--yes is common to every command (see osmosis_ai.cli.commands.parse)."""
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:

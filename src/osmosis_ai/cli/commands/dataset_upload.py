@@ -28,7 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a dataset of the same name"
     )
-    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:

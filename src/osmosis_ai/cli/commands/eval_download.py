@@ -23,7 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", help="only these rows, e.g. 3,7,10-20")
     parser.add_argument("-o", "--output", metavar="ROOT", help="folder to download into")
     parser.add_argument("--overwrite", action="store_true", help="replace files already there")
-    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:

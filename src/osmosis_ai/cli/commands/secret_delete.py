@@ -20,7 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scope", choices=tuple(SCOPES), default="personal", help="default: personal"
     )
-    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:

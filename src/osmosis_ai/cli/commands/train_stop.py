@@ -15,7 +15,6 @@ from osmosis_ai.cli.platform_session import open_session
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the training run's name (or id)")
-    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
