@@ -48,6 +48,7 @@ class Platform:
         command = [
             sys.executable, "-m", "osmosis_ai.cli.main", "--json", "platform", "serve",
             "--data-dir", str(self.data_dir), "--port", str(self.port), "--log-level", "warning",
+            "--single-tenant",  # not about isolation: runs where bubblewrap is missing
         ]  # fmt: skip
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

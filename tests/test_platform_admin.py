@@ -37,6 +37,7 @@ class Served:
             sys.executable, "-m", "osmosis_ai.cli.main", "--json", "platform", "serve",
             "--data-dir", str(data_dir), "--database-url", database_url,
             "--port", str(self.port), "--log-level", "warning",
+            "--single-tenant",  # not about isolation: runs where bubblewrap is missing
         ]  # fmt: skip
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

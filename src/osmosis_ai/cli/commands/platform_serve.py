@@ -98,9 +98,9 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             from osmosis_ai.platform.store.database import open_database
             from osmosis_ai.platform.worker.runner import Worker
 
+            open_database(settings).dispose()
             if not settings.single_tenant:
                 Worker(settings).check_isolation()  # refused here, naming the fix
-            open_database(settings).dispose()
         with WorkerProcesses(settings, args.workers):
             serve(settings, log_level=args.log_level)
     return OperationResult(
