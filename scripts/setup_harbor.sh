@@ -2,8 +2,9 @@
 # Create or refresh .venv-harbor: Python 3.12+ with the harbor extra, for the Harbor test tier
 # (`make test-harbor`). Harbor needs Python >= 3.12, so this tier lives beside the 3.11 .venv.
 # Skips the install when pyproject.toml has not changed since the last successful one.
-# Installs bubblewrap (the local sandbox's runner) and tmux (terminus-2's terminal) with apt-get
-# when they are missing and we are root.
+# Installs bubblewrap (the local sandbox's runner), iproute2 (its allowlist addresses) and tmux
+# (terminus-2's terminal) with apt-get when they are missing and we are root. The sandbox also
+# needs Linux 5.19+ with user namespaces (the tier's tests skip, naming what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,7 @@ fi
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup-harbor: installing ${missing[*]}"

@@ -1346,6 +1346,7 @@ class _Launcher:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
+        self._owner = os.getpid()
 
     def launch(self, spec: dict[str, Any], fds: Sequence[int]) -> int:
         """Start one trial's helper with ``spec``, its stderr and its control socket;
@@ -1370,6 +1371,11 @@ class _Launcher:
         return int(value)
 
     def _running(self) -> socket.socket:
+        if self._owner != os.getpid():
+            # a forked copy of this process: the launcher and its socket are the parent's
+            if self._socket is not None:
+                self._socket.close()
+            self._process, self._socket, self._owner = None, None, os.getpid()
         if self._process is not None and self._process.poll() is None and self._socket:
             return self._socket
         self._stop()
