@@ -330,3 +330,17 @@ def test_the_probe_reports_privileges_where_they_exist():
     assert report["signal_host"] == "delivered"
     with pytest.raises(AssertionError):
         assert_contained(report)
+
+
+async def test_default_hidden_paths_hide_system_secrets(trials: Trials):
+    if not os.path.exists("/etc/shadow"):  # noqa: ASYNC240 - one stat before the trial
+        pytest.skip("this host has no /etc/shadow to hide")
+    env, _ = trials.make()
+    await env.start(force_build=False)
+
+    seen = await env.exec(
+        "for p in /etc/shadow /etc/passwd; do test -e $p && echo present $p || echo absent $p;"
+        " done; grep -c ' /etc/shadow ' /proc/self/mountinfo || true"
+    )
+
+    assert seen.stdout == "absent /etc/shadow\npresent /etc/passwd\n0\n"

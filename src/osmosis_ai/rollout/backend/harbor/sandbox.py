@@ -147,9 +147,11 @@ _DEFAULT_HIDDEN = (
     "~/.npmrc",
     "~/.gnupg",
     "~/.kube",
+    "~/.cargo/credentials*",
     "/etc/shadow",
     "/etc/gshadow",
     "/etc/ssh/ssh_host_*_key",
+    "/etc/ssl/private",
 )
 
 
