@@ -12,6 +12,8 @@ the browser's own performance timing:
 
 * ``first_paint_ms``: the ``first-contentful-paint`` entry (target <= 1000 ms);
 * ``response_ms``: navigation start to the end of the HTML response;
+* ``first_chart_ms`` (training page): navigation start until the first chart is drawn (the
+  page fetches the first group's metrics on its own, then every chart; target <= 1000 ms);
 * ``charts_ms`` (training page): navigation start until every chart is drawn from the
   downsampled ``metrics.json`` (the page sets ``data-loaded``);
 * ``metrics_json_bytes``: the size of that chart payload.
@@ -47,6 +49,7 @@ from osmosis_ai.testing.serving import free_port  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 TARGET_PAINT_MS = 1000.0
+TARGET_CHART_MS = 1000.0
 WORKSPACE = "bench"
 
 
@@ -149,12 +152,22 @@ PAINT_JS = """() => new Promise((resolve) => {
 
 
 def measure(page: Any, url: str, *, charts: bool) -> dict[str, float | None]:
-    page.goto(url, wait_until="load")
+    page.goto(url, wait_until="commit")
     if charts:
+        # an older page marks only the whole payload (data-loaded); this one each chart
+        page.wait_for_selector(
+            "#training section.chart[data-drawn='true'], #training[data-loaded='true']",
+            state="attached",
+            timeout=30_000,
+        )
+        first_chart = page.evaluate("() => performance.now()")
         page.wait_for_selector("#training[data-loaded='true']", timeout=30_000)
+        charts_done = page.evaluate("() => performance.now()")
         figures = page.evaluate(PAINT_JS)
-        figures["charts_ms"] = page.evaluate("() => performance.now()")
+        figures["first_chart_ms"] = first_chart
+        figures["charts_ms"] = charts_done
     else:
+        page.wait_for_load_state("load")
         figures = page.evaluate(PAINT_JS)
     return figures
 
@@ -225,7 +238,19 @@ def main() -> None:
         results["console_errors"] = errors
         worst = max(results[name]["first_paint_ms"] or 0 for name in ("training", "eval"))
         results["target_first_paint_ms"] = TARGET_PAINT_MS
-        results["meets_target"] = worst <= TARGET_PAINT_MS and not errors
+        results["target_first_chart_ms"] = TARGET_CHART_MS
+        first_chart = results["training"]["first_chart_ms"] or float("inf")
+        baseline = results["baseline_login"]["first_paint_ms"] or 1.0
+        results["ratios_to_baseline_paint"] = {
+            "training_first_paint": round(
+                (results["training"]["first_paint_ms"] or 0) / baseline, 2
+            ),
+            "eval_first_paint": round((results["eval"]["first_paint_ms"] or 0) / baseline, 2),
+            "training_first_chart": round(first_chart / baseline, 2),
+        }
+        results["meets_target"] = (
+            worst <= TARGET_PAINT_MS and first_chart <= TARGET_CHART_MS and not errors
+        )
         print(json.dumps(results, indent=2))
     finally:
         if server is not None:

@@ -93,8 +93,13 @@ def seed_training(
     status: str = "running",
     checkpoints: tuple[int, ...] = (),
     logs: int = 5,
+    no_signal: int = 0,
+    warnings: tuple[str, ...] = (),
 ) -> Seeded:
-    """A training run with ``steps`` steps of the six charted metrics."""
+    """A training run with ``steps`` steps of the metrics a GRPO run logs: the six overview
+    charts and the trainer's others (loss, grad norm, learning rate, KL, clip ratio, throughput,
+    step time; ``clip_ratio`` stays 0 throughout). The last ``no_signal`` steps had no learning
+    signal; each of ``warnings`` is a warning line of the run's log."""
     now = platform.now()
     with platform.transaction() as db:
         run = _run(
@@ -123,6 +128,14 @@ def seed_training(
                 "response_length": 200.0 + step % 37,
                 "total_length": 600.0 + step % 53,
                 "truncation_ratio": 0.1 * (step % 5) / 5,
+                "loss": 0.4 - 0.3 * step / max(1, steps) + 0.02 * math.cos(step),
+                "grad_norm": 0.8 + 0.3 * math.sin(step * 0.3),
+                "learning_rate": 1e-5,
+                "kl": 0.002 * step / max(1, steps),
+                "clip_ratio": 0.0,
+                "tokens_per_s": 1500.0 + 10 * (step % 7),
+                "step_seconds": 4.0 + 0.1 * (step % 3),
+                "steps_without_signal": float(max(0, step - (steps - no_signal))),
             }
             for key, value in values.items():
                 if value is None:
@@ -167,6 +180,10 @@ def seed_training(
                     step="train",
                     message=f"step {index + 1} done",
                 )
+            )
+        for message in warnings:
+            db.add(
+                RunLog(run_id=run.id, timestamp=now, level="warning", step="train", message=message)
             )
         return Seeded(run.id, run.name)
 

@@ -259,6 +259,55 @@ def test_training_page_draws_six_charts_and_a_drag_zooms_one(page: Watched, worl
     assert plot.locator("canvas").screenshot() != zoomed
 
 
+def test_hover_reads_a_value_and_smoothing_redraws_every_chart(
+    page: Watched, world: dict[str, Any]
+):
+    p = page.page
+    p.goto(f"{BASE}/trainings/{world['training'].id}")
+    p.wait_for_selector("#training[data-loaded='true']")
+    # a chart for every logged metric, grouped, each drawn
+    assert p.locator("[data-test=chart-group]").count() >= 5
+    for name in ("loss", "grad_norm", "learning_rate", "kl", "clip_ratio", "tokens_per_s"):
+        assert p.locator(f"[data-test=chart-{name}] canvas").count() == 1, name
+    # hovering the reward chart reads out the step and the value under the cursor
+    plot = p.locator("[data-test=plot-training_reward]")
+    plot.scroll_into_view_if_needed()
+    box = plot.locator(".u-over").bounding_box()
+    assert box is not None
+    p.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)
+    readout = p.locator("[data-test=readout-training_reward]")
+    p.wait_for_function(
+        "() => document.querySelector('[data-test=readout-training_reward]').textContent !== ''"
+    )
+    text = readout.inner_text()
+    match = re.match(r"step (\d+): (-?[\d.]+)", text)
+    assert match, text
+    step = int(match.group(1))
+    assert STEPS - 3 <= step <= STEPS
+    assert float(match.group(2)) == pytest.approx(reward_at(step, STEPS), abs=1e-4)
+    page.shot("06-training-hover")
+    # an all-zero series is drawn on a 0..1 axis, not 0..100
+    clip_axis = p.locator("[data-test=plot-clip_ratio]").get_attribute("data-y-ticks") or ""
+    assert clip_axis.split()[0] == "0" and clip_axis.split()[-1] == "1", clip_axis
+    # the step axis has integer ticks only
+    step_axis = p.locator("[data-test=plot-training_reward]").get_attribute("data-x-ticks") or ""
+    assert step_axis.split() and all(t.isdigit() for t in step_axis.split()), step_axis
+    # smoothing: the slider redraws with an EMA line; the readout shows both values
+    whole = plot.locator("canvas").screenshot()
+    p.locator("[data-test=smoothing]").fill("0.9")
+    p.wait_for_selector("#training[data-smoothing='0.9']")
+    assert p.locator("[data-test=smoothing-value]").inner_text() == "0.90"
+    assert plot.locator("canvas").screenshot() != whole
+    p.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    p.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)
+    p.wait_for_function(
+        "() => document.querySelector('[data-test=readout-training_reward]')"
+        ".textContent.includes('smoothed')"
+    )
+    page.shot("07-training-smoothed")
+    p.locator("[data-test=smoothing]").fill("0")
+
+
 def test_a_running_trainings_charts_follow_new_steps(page: Watched, world: dict[str, Any]):
     from osmosis_ai.platform import training_metrics
     from osmosis_ai.platform.store.orm import RunMetric

@@ -343,7 +343,7 @@ async def test_chart_data_is_downsampled_and_the_csv_holds_every_point(world):
     assert reward["steps"][0] == 1 and reward["steps"][-1] == 3000
     assert reward["steps"] == sorted(reward["steps"])
     assert charts["validation_reward"]["count"] == 300
-    assert [c["name"] for c in payload["charts"][:6]] == list(TRAINING_CHARTS)
+    assert set(TRAINING_CHARTS) <= set(charts)
     assert csv_answer.status_code == 200 and csv_answer.headers["content-type"].startswith(
         "text/csv"
     )
@@ -353,6 +353,54 @@ async def test_chart_data_is_downsampled_and_the_csv_holds_every_point(world):
     assert len(rows) == 3001
     assert int(rows[1][0]) == 1 and float(rows[1][1]) == pytest.approx(reward_at(1, 3000))
     assert rows[-1][0] == "3000" and rows[-1][2].endswith("Z")
+
+
+async def test_every_logged_metric_gets_a_chart_in_its_group_and_the_first_group_alone(world):
+    harness, alice = world["harness"], world["alice"]
+    run = seed_training(
+        harness.platform,
+        _ws_id(harness, WS),
+        alice.user_id,
+        name="grouped-wren",
+        steps=40,
+        no_signal=7,
+        warnings=("rollout server slow: 3 rollouts past 60 s",),
+    )
+    async with harness.client() as client:
+        await sign_in(client, alice)
+        page = (await client.get(f"{BASE}/trainings/{run.name}")).text
+        payload = (await client.get(f"{BASE}/trainings/{run.name}/metrics.json")).json()
+        first = (
+            await client.get(
+                f"{BASE}/trainings/{run.name}/metrics.json?keys=training_reward,validation_reward"
+            )
+        ).json()
+    groups = {c["name"]: c["group"] for c in payload["charts"]}
+    assert groups["loss"] == groups["grad_norm"] == groups["learning_rate"] == "Optimization"
+    assert groups["kl"] == groups["clip_ratio"] == groups["entropy"] == "Policy"
+    assert groups["response_length"] == groups["total_length"] == "Lengths"
+    assert groups["tokens_per_s"] == groups["step_seconds"] == "Throughput and step time"
+    assert groups["training_reward"] == groups["validation_reward"] == "Reward and validation"
+    order = [c["group"] for c in payload["charts"]]
+    assert (
+        order.index("Reward and validation")
+        < order.index("Optimization")
+        < order.index("Policy")
+        < order.index("Lengths")
+        < order.index("Throughput and step time")
+    )
+    for name in groups:  # every metric in the answer has its chart on the page
+        assert f'data-test="chart-{name}"' in page and f'data-test="readout-{name}"' in page
+    assert page.index('data-test="chart-training_reward"') < page.index('data-test="chart-loss"')
+    clip = next(c for c in payload["charts"] if c["name"] == "clip_ratio")
+    assert clip["min"] == clip["max"] == 0.0 and clip["count"] == 40
+    assert [c["name"] for c in first["charts"]] == ["training_reward", "validation_reward"]
+    assert 'data-first-keys="rollout/raw_reward,eval/validation/reward' in page
+    # no learning signal and the warnings at the top, before the facts
+    assert 'data-test="notice-no-signal"' in page and "last 7 steps" in page
+    assert "rollout server slow: 3 rollouts past 60 s" in page
+    assert page.index('data-test="run-notices"') < page.index('class="facts"')
+    assert 'data-test="smoothing"' in page
 
 
 def test_lttb_keeps_the_ends_and_the_peaks():

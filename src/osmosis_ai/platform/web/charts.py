@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import training_metrics
@@ -25,7 +26,122 @@ CHARTS: tuple[str, ...] = tuple(training_metrics.WIRE_KEYS.values())
 DEFAULT_POINTS = 500
 MAX_POINTS = 5000
 
+# Every metric a run logs gets a chart, in these groups (export names, in chart order); a
+# metric in none of them goes under "Other". The six charts of the overview are always shown.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "Reward and validation",
+        (
+            "training_reward",
+            "validation_reward",
+            "validation_pass_rate",
+            "reward_std",
+            "frac_reward_zero_std",
+        ),
+    ),
+    ("Optimization", ("loss", "grad_norm", "learning_rate")),
+    ("Policy", ("kl", "clip_ratio", "entropy")),
+    ("Lengths", ("response_length", "total_length", "truncation_ratio")),
+    (
+        "Throughput and step time",
+        (
+            "tokens_per_s",
+            "rollouts_per_s",
+            "step_seconds",
+            "rollout_seconds",
+            "rollout_wait_seconds",
+        ),
+    ),
+    (
+        "Rollouts and learning signal",
+        (
+            "rollouts",
+            "failed_rollouts",
+            "groups_without_signal",
+            "steps_without_signal",
+            "chain_breaks",
+            "dropped_calls",
+            "policy_batches",
+            "policy_version",
+            "policy_version_lag",
+        ),
+    ),
+)
+OTHER_GROUP = "Other"
+
 Point = tuple[int, float]
+ChartRef = tuple[str, str, str]  # wire key, export name, title
+
+
+def chart_groups(keys: Iterable[str]) -> list[tuple[str, list[ChartRef]]]:
+    """The charts of a run that logs ``keys`` (wire keys), grouped: the six overview charts
+    always, every other logged metric once; groups without a chart are left out."""
+    present = {training_metrics.export_key(k) for k in keys} | {
+        training_metrics.export_key(k) for k in CHARTS
+    }
+    grouped: list[tuple[str, list[ChartRef]]] = []
+    placed: set[str] = set()
+    for title, names in GROUPS:
+        refs = [_ref(name) for name in names if name in present]
+        placed.update(names)
+        if refs:
+            grouped.append((title, refs))
+    rest = sorted(present - placed)
+    if rest:
+        grouped.append((OTHER_GROUP, [_ref(name) for name in rest]))
+    return grouped
+
+
+def _ref(name: str) -> ChartRef:
+    return (training_metrics.wire_key(name), name, training_metrics.title(name))
+
+
+def metric_keys(session: Session, run_id: str) -> list[str]:
+    """The wire keys of every metric the run has logged."""
+    query = select(RunMetric.key).where(RunMetric.run_id == run_id).distinct()
+    return list(session.connection().execute(query).scalars())
+
+
+def read_points(
+    session: Session, run_id: str, keys: Sequence[str] | None = None
+) -> dict[str, list[tuple[int, float | None]]]:
+    """The run's metric points (or ``keys``'), by key, in step order, without timestamps.
+
+    The chart payload's read: plain rows through the connection (no ORM row objects, no
+    timestamp conversion), since a long run has tens of thousands of points per chart."""
+    query = select(RunMetric.key, RunMetric.step, RunMetric.value).where(RunMetric.run_id == run_id)
+    if keys is not None:
+        query = query.where(RunMetric.key.in_(list(keys)))
+    series: dict[str, list[tuple[int, float | None]]] = {}
+    current: list[tuple[int, float | None]] = []
+    last_key: str | None = None
+    for key, step, value in session.connection().execute(
+        query.order_by(RunMetric.key, RunMetric.step)
+    ):
+        if key != last_key:
+            current = series.setdefault(key, [])
+            last_key = key
+        # stored values are finite floats or NULL (the writers store non-finite as NULL)
+        current.append((step, value if value is None or math.isfinite(value) else None))
+    return series
+
+
+def latest_summary(session: Session, run_id: str, key: str) -> dict[str, float | None]:
+    """``summarize`` of one metric from SQL aggregates (first and last by step, min, max)."""
+    base = select(RunMetric.value).where(
+        RunMetric.run_id == run_id, RunMetric.key == key, RunMetric.value.is_not(None)
+    )
+    connection = session.connection()
+    first = connection.execute(base.order_by(RunMetric.step).limit(1)).scalar()
+    last = connection.execute(base.order_by(RunMetric.step.desc()).limit(1)).scalar()
+    low, high = connection.execute(
+        select(func.min(RunMetric.value), func.max(RunMetric.value)).where(
+            RunMetric.run_id == run_id, RunMetric.key == key
+        )
+    ).one()
+    if first is None or last is None:
+        return training_metrics.summarize([])
+    return {"initial": first, "latest": last, "delta": last - first, "min": low, "max": high}
 
 
 def lttb(points: Sequence[Point], threshold: int) -> list[Point]:
@@ -76,27 +192,48 @@ def read_series(
 
 
 def chart_payload(
-    series: dict[str, list[tuple[int, float | None, datetime]]], points: int
+    series: Mapping[str, Sequence[tuple[int, float | None]]],
+    points: int,
+    keys: Sequence[str] | None = None,
 ) -> list[dict[str, object]]:
-    """The six charts (and any other metric after them), each downsampled to ``points``."""
-    keys = training_metrics.order([*CHARTS, *series])
+    """Every chart (``keys``, else the six and each logged metric), grouped as the page
+    shows them, each downsampled to ``points``."""
+    wanted = None if keys is None else set(keys)
     charts: list[dict[str, object]] = []
-    for key in keys:
-        stored = series.get(key, [])
-        finite = [(step, value) for step, value, _ in stored if value is not None]
-        kept = lttb(finite, points)
-        charts.append(
-            {
-                "key": key,
-                "name": training_metrics.export_key(key),
-                "title": training_metrics.title(key),
-                "count": len(stored),
-                "steps": [p[0] for p in kept],
-                "values": [p[1] for p in kept],
-                **training_metrics.summarize(value for _, value, _ in stored),
-            }
-        )
+    for group, refs in chart_groups(series):
+        for key, name, title in refs:
+            if wanted is not None and key not in wanted:
+                continue
+            stored = series.get(key, [])
+            finite = [(step, value) for step, value in stored if value is not None]
+            kept = lttb(finite, points)
+            charts.append(
+                {
+                    "key": key,
+                    "name": name,
+                    "title": title,
+                    "group": group,
+                    "count": len(stored),
+                    "steps": [p[0] for p in kept],
+                    "values": [p[1] for p in kept],
+                    **_summary(finite),
+                }
+            )
     return charts
+
+
+def _summary(finite: Sequence[Point]) -> dict[str, float | None]:
+    if not finite:
+        return training_metrics.summarize([])
+    values = [value for _, value in finite]
+    first, last = values[0], values[-1]
+    return {
+        "initial": first,
+        "latest": last,
+        "delta": last - first,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 def series_csv(key: str, stored: Sequence[tuple[int, float | None, datetime]]) -> str:

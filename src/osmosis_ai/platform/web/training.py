@@ -1,4 +1,5 @@
-"""A training run's page: overview figures, the six charts (live while it runs), CSV per chart,
+"""A training run's page: overview figures, a chart for every metric the run logs (grouped, live
+while it runs; the first group is fetched on its own so it draws first), CSV per chart,
 checkpoints with deploy and undeploy, logs that follow, the submitted configuration and
 commit. The charts' data comes from ``metrics.json``, downsampled on the server; the page
 polls it every few seconds while the run is active. Logs (of either kind of run) come from
@@ -9,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import training_metrics
 from osmosis_ai.platform.api.deps import PlatformDep
@@ -16,7 +18,7 @@ from osmosis_ai.platform.errors import InvalidRequest, PlatformError
 from osmosis_ai.platform.services import deployments, runs
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.training_results import duration_ms
-from osmosis_ai.platform.store.orm import Model, Run, RunCheckpoint, RunLog
+from osmosis_ai.platform.store.orm import Model, Run, RunCheckpoint, RunLog, RunMetric
 from osmosis_ai.platform.web import charts, session
 from osmosis_ai.platform.web.dashboard import ACTIVE, Page, open_data, open_page, safe_next
 
@@ -24,6 +26,7 @@ router = APIRouter(include_in_schema=False)
 
 POLL_MS = 3000
 LOG_PAGE = 500
+MAX_NOTICES = 5
 CONFIG_SECTIONS = (
     ("experiment", "experiment_config"),
     ("training", "training_config"),
@@ -59,7 +62,10 @@ def training_page(
     try:
         with platform.read() as db:
             run = runs.get_run(db, page.workspace, "training", run_ref)
-            reward = charts.read_series(db, run.id, [training_metrics.WIRE_KEYS["training_reward"]])
+            reward_key = training_metrics.WIRE_KEYS["training_reward"]
+            summary = charts.latest_summary(db, run.id, reward_key)
+            groups = charts.chart_groups(charts.metric_keys(db, run.id))
+            notices = _notices(db, run)
             checkpoints = list(
                 db.scalars(
                     select(RunCheckpoint)
@@ -74,8 +80,6 @@ def training_page(
             creator = runs.people(db, [run]).get(run.creator_id or "")
     except PlatformError as exc:
         return page.error(exc)
-    points = reward.get(training_metrics.WIRE_KEYS["training_reward"], [])
-    summary = training_metrics.summarize(value for _, value, _ in points)
     rows = [
         {
             "step": c.step,
@@ -98,11 +102,46 @@ def training_page(
         active=run.status in ACTIVE,
         checkpoints=rows,
         config=configuration(run),
-        chart_keys=[
-            (k, training_metrics.export_key(k), training_metrics.title(k)) for k in charts.CHARTS
-        ],
+        groups=groups,
+        first_keys=",".join(key for key, _, _ in groups[0][1]),
+        notices=notices,
         poll_ms=POLL_MS,
     )
+
+
+def _notices(db: Session, run: Run) -> list[dict[str, object]]:
+    """What the top of the page warns about: a stretch of steps without learning signal (the
+    latest ``steps_without_signal``) and the run's distinct warning lines, newest first."""
+    notices: list[dict[str, object]] = []
+    streak = db.scalar(
+        select(RunMetric.value)
+        .where(RunMetric.run_id == run.id, RunMetric.key == "steps_without_signal")
+        .order_by(RunMetric.step.desc())
+        .limit(1)
+    )
+    if streak:
+        notices.append(
+            {
+                "kind": "no-signal",
+                "message": f"No learning signal for the last {int(streak)} step"
+                f"{'' if int(streak) == 1 else 's'}: every group's rewards were equal or the "
+                "gradients were zero, so those updates changed nothing.",
+            }
+        )
+    seen: set[str] = set()
+    for line in db.scalars(
+        select(RunLog)
+        .where(RunLog.run_id == run.id, RunLog.level.in_(("warning", "warn")))
+        .order_by(RunLog.id.desc())
+        .limit(200)
+    ):
+        if line.message in seen:
+            continue
+        seen.add(line.message)
+        notices.append({"kind": "warning", "message": line.message, "step": line.step})
+        if len(seen) >= MAX_NOTICES:
+            break
+    return notices
 
 
 def _points(request: Request) -> int:
@@ -122,10 +161,12 @@ def training_metrics_json(
     if not isinstance(workspace, WorkspaceAccess):
         return workspace
     points = _points(request)
+    raw_keys = request.query_params.get("keys", "")
+    keys = [training_metrics.wire_key(k) for k in raw_keys.split(",") if k] or None
     now = platform.now()
     with platform.read() as db:
         run = runs.get_run(db, workspace, "training", run_ref)
-        series = charts.read_series(db, run.id)
+        series = charts.read_points(db, run.id, keys)
     return JSONResponse(
         {
             "status": run.status,
@@ -134,7 +175,7 @@ def training_metrics_json(
             "total_steps": run.total_steps,
             "processed": run.examples_processed_count,
             "duration_ms": duration_ms(run, now),
-            "charts": charts.chart_payload(series, points),
+            "charts": charts.chart_payload(series, points, keys),
         },
         headers={"Cache-Control": "no-store"},
     )

@@ -90,36 +90,126 @@
     return Math.max(240, element.clientWidth || element.parentElement.clientWidth - 20 || 480);
   }
 
-  function lineChart(element, title, color) {
+  // The y-range from the data: a small margin around [min, max]; a flat series gets a band
+  // around its value (an all-zero series reads 0..1, not uPlot's default 0..100).
+  function dataRange(u, low, high) {
+    if (low === null || high === null || !isFinite(low) || !isFinite(high)) return [0, 1];
+    if (low === high) {
+      if (low === 0) return [0, 1];
+      const pad = Math.abs(low) * 0.1;
+      return [low - pad, high + pad];
+    }
+    const pad = (high - low) * 0.05;
+    return [low - pad, high + pad];
+  }
+
+  // Steps are whole numbers: ticks only at integer steps, labelled without decimals.
+  const stepIncrs = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000,
+    10000, 20000, 25000, 50000, 100000, 200000, 500000, 1000000];
+
+  // Exponential moving average with the start-up bias removed (as TensorBoard smooths).
+  function smooth(values, weight) {
+    if (!weight) return values.slice();
+    let last = 0, count = 0;
+    return values.map(function (value) {
+      if (value === null || !isFinite(value)) return null;
+      last = last * weight + (1 - weight) * value;
+      count += 1;
+      return last / (1 - Math.pow(weight, count));
+    });
+  }
+
+  function lineChart(element, title, color, readout) {
     return new uPlot(
       {
         width: plotWidth(element),
-        height: 220,
-        scales: { x: { time: false } },
+        height: 200,
+        scales: { x: { time: false }, y: { range: dataRange } },
         legend: { show: false },
         cursor: { drag: { x: true, y: false } },
-        series: [{ label: "step" }, { label: title, stroke: color, width: 1.5, spanGaps: true }],
-        axes: [{ label: "step" }, { size: 60 }],
+        series: [
+          { label: "step" },
+          { label: title + " (raw)", stroke: color, alpha: 0.25, width: 1, spanGaps: true, show: false },
+          { label: title, stroke: color, width: 1.5, spanGaps: true },
+        ],
+        axes: [
+          { label: "step", incrs: stepIncrs, values: function (u, ticks) {
+            const labels = ticks.map(function (t) { return Number.isInteger(t) ? t.toLocaleString("en-US") : ""; });
+            element.dataset.xTicks = labels.join(" ");  // the canvas's labels, for reading back
+            return labels;
+          } },
+          { size: 60, values: function (u, ticks) {
+            const labels = ticks.map(function (t) { return axisNumber(t); });
+            element.dataset.yTicks = labels.join(" ");
+            return labels;
+          } },
+        ],
+        hooks: {
+          setCursor: [function (u) {
+            const index = u.cursor.idx;
+            if (index === null || index === undefined || !u.data[0].length) {
+              readout.textContent = "";
+              return;
+            }
+            const raw = u.data[1][index], shown = u.data[2][index];
+            let text = "step " + u.data[0][index].toLocaleString("en-US") + ": " + number(raw, 4);
+            if (u.series[1].show && shown !== raw) text += " (smoothed " + number(shown, 4) + ")";
+            readout.textContent = text;
+          }],
+        },
       },
-      [[], []],
+      [[], [], []],
       element
     );
+  }
+
+  function axisNumber(value) {
+    const size = Math.abs(value);
+    if (size !== 0 && (size < 0.001 || size >= 1e6)) return value.toExponential(1);
+    return String(Math.round(value * 1e6) / 1e6);
   }
 
   const training = document.getElementById("training");
   if (training && window.uPlot) {
     const plots = {};
+    const latest = {};
     const sections = Array.from(training.querySelectorAll("section.chart"));
     const pollMs = parseInt(training.dataset.pollMs, 10) || 3000;
+    const slider = document.getElementById("smoothing");
+    const sliderValue = document.getElementById("smoothing-value");
     const fields = {};
     training.querySelectorAll(".card-value[data-field]").forEach(function (element) {
       fields[element.dataset.field] = element;
     });
-    const render = function (payload) {
+    let weight = 0;
+    try { weight = parseFloat(window.localStorage.getItem("osmosis.smoothing") || "0") || 0; } catch (e) { weight = 0; }
+    if (slider) {
+      slider.value = String(weight);
+      sliderValue.textContent = weight.toFixed(2);
+    }
+    const draw = function (key) {
+      const chart = latest[key];
+      const plot = plots[key];
+      if (!chart || !plot) return;
+      const smoothed = smooth(chart.values, weight);
+      plot.setSeries(1, { show: weight > 0 });
+      plot.setData([chart.steps, chart.values, weight > 0 ? smoothed : chart.values]);
+    };
+    if (slider) {
+      slider.addEventListener("input", function () {
+        weight = Math.min(0.99, Math.max(0, parseFloat(slider.value) || 0));
+        sliderValue.textContent = weight.toFixed(2);
+        try { window.localStorage.setItem("osmosis.smoothing", String(weight)); } catch (e) { /* private mode */ }
+        Object.keys(plots).forEach(draw);
+        training.dataset.smoothing = String(weight);
+      });
+    }
+    const render = function (payload, partial) {
       const byKey = {};
       payload.charts.forEach(function (chart) { byKey[chart.key] = chart; });
       sections.forEach(function (section, index) {
         const chart = byKey[section.dataset.key];
+        if (partial && !chart) return;
         const empty = section.querySelector("[data-empty]");
         const count = section.querySelector("[data-count]");
         const plotElement = section.querySelector(".plot");
@@ -128,13 +218,16 @@
           return;
         }
         empty.hidden = true;
+        latest[chart.key] = chart;
         if (!plots[chart.key]) {
-          plots[chart.key] = lineChart(plotElement, chart.title, palette[index % palette.length]);
+          plots[chart.key] = lineChart(plotElement, chart.title, palette[index % palette.length],
+            section.querySelector("[data-readout]"));
         }
-        plots[chart.key].setData([chart.steps, chart.values]);
+        draw(chart.key);
+        section.dataset.drawn = "true";
         count.textContent = chart.count.toLocaleString("en-US") + " points" +
           (chart.steps.length < chart.count ? ", " + chart.steps.length + " drawn" : "") +
-          "; latest " + number(chart.latest);
+          "; latest " + number(chart.latest) + "; min " + number(chart.min) + ", max " + number(chart.max);
         if (section.dataset.name === "training_reward") {
           if (fields["overview-reward"]) fields["overview-reward"].textContent = number(chart.latest);
           if (fields["overview-improvement"]) {
@@ -150,6 +243,10 @@
       }
       setStatus(training.querySelector("h1 [data-field='status']"), payload.status);
       training.dataset.active = payload.active ? "true" : "false";
+      if (partial) {
+        training.dataset.firstDrawn = "true";
+        return;
+      }
       training.dataset.loaded = "true";
       if (!payload.active) {
         const note = document.getElementById("charts-note");
@@ -158,17 +255,26 @@
     };
     const poll = function () {
       getJSON(training.dataset.metricsUrl)
-        .then(render)
+        .then(function (payload) { render(payload, false); })
         .catch(function () { /* kept: the next poll tries again */ })
         .finally(function () {
           if (training.dataset.active === "true") window.setTimeout(poll, pollMs);
         });
     };
-    poll();
+    // The first group on its own (a small answer, drawn at once), then every chart.
+    const first = training.dataset.firstKeys;
+    if (first) {
+      getJSON(training.dataset.metricsUrl + "?keys=" + encodeURIComponent(first))
+        .then(function (payload) { render(payload, true); })
+        .catch(function () { /* the full answer draws it */ })
+        .finally(poll);
+    } else {
+      poll();
+    }
     window.addEventListener("resize", function () {
       Object.keys(plots).forEach(function (key) {
         const plot = plots[key];
-        plot.setSize({ width: plotWidth(plot.root.parentElement), height: 220 });
+        plot.setSize({ width: plotWidth(plot.root.parentElement), height: 200 });
       });
     });
   }
