@@ -22,6 +22,11 @@ __all__ = [
     "MODEL_CALL",
     "ROLLOUT_IO",
     "RUN_HEARTBEAT",
+    "SANDBOX_READY",
+    "SANDBOX_TEARDOWN",
+    "SANDBOX_TRANSFER",
+    "TRAIN_STEP",
+    "WEIGHT_SYNC",
     "Deadline",
 ]
 
@@ -78,3 +83,22 @@ second) before it kills the run's processes and fails the run."""
 
 DATASET_PROCESSING = Deadline("dataset processing", "OSMOSIS_DATASET_PROCESSING_TIMEOUT_S", 600.0)
 """Reading and validating an uploaded dataset file on the platform server."""
+
+TRAIN_STEP = Deadline("trainer step", "OSMOSIS_TRAIN_STEP_TIMEOUT_S", 1800.0)
+"""One training step's own computation, from its start to its end, the wait for its
+rollouts excluded (the rollout I/O deadline covers that): a hung trainer (a deadlock, a
+collective operation waiting on a worker that stopped) ends the run."""
+
+WEIGHT_SYNC = Deadline("weight sync", "OSMOSIS_WEIGHT_SYNC_TIMEOUT_S", 1800.0)
+"""The served policy's weight update: the local policy's hold of the next step's model calls
+until the trainer asks for that step, and the optimizer's wait for the model while a
+generation batch runs; with a vLLM server, TRL's communicator timeout."""
+
+SANDBOX_READY = Deadline("sandbox start", "OSMOSIS_SANDBOX_READY_TIMEOUT_S", 30.0)
+"""A Harbor bubblewrap sandbox's holder process signalling that it is ready."""
+
+SANDBOX_TRANSFER = Deadline("sandbox transfer", "OSMOSIS_SANDBOX_TRANSFER_TIMEOUT_S", 600.0)
+"""Each file or folder copied into or out of a Harbor bubblewrap sandbox."""
+
+SANDBOX_TEARDOWN = Deadline("sandbox teardown", "OSMOSIS_SANDBOX_TEARDOWN_TIMEOUT_S", 5.0)
+"""Each wait of a Harbor sandbox's teardown on a killed process (the holder, then the helper)."""

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from transformers import TrainerCallback
 
 from osmosis_ai.train.events import WarmupEvent
+from osmosis_ai.train.step_watch import StepWatch
 
 
 class StepHooks(Protocol):
@@ -35,10 +36,15 @@ class RunCallback(TrainerCallback):
     held from just before ``optimizer.step()`` until just after, then its version is the
     new global step."""
 
-    def __init__(self, hooks: StepHooks) -> None:
+    def __init__(self, hooks: StepHooks, watch: StepWatch | None = None) -> None:
         self.hooks = hooks
+        self.watch = watch
         self._held = contextlib.ExitStack()
         self.stopped_early = False
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.watch is not None:
+            self.watch.begin(int(state.global_step) + 1)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._held.enter_context(self.hooks.updating(int(state.global_step) + 1))
@@ -47,6 +53,8 @@ class RunCallback(TrainerCallback):
         self._held.close()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.watch is not None:
+            self.watch.end()
         self._held.close()  # in case an error skipped on_optimizer_step
         if self.hooks.after_step(int(state.global_step)):
             self.stopped_early = True

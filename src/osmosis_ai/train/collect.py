@@ -13,6 +13,7 @@ metadata; rewards reach TRL as the extra field ``osmosis_reward``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -26,6 +27,7 @@ from osmosis_ai.rollout.status import RolloutStatus
 from osmosis_ai.train.bridge import RolloutBatch, RolloutBridge
 from osmosis_ai.train.errors import NoRewardError
 from osmosis_ai.train.events import EvalSummary
+from osmosis_ai.train.step_watch import StepWatch
 from osmosis_ai.train.tokens import TrainingRow, build_row, excluded_row
 from osmosis_ai.workspace import DatasetRow
 
@@ -177,6 +179,7 @@ class RolloutCollector:
         self.next_rows = next_rows
         self.sampler_logprobs = sampler_logprobs
         self.last: StepStats | None = None
+        self.watch: StepWatch | None = None  # the trainer step deadline, paused for rollouts
         self._fallbacks: dict[int, list[int]] = {}
         self._ahead: _Ahead | None = None
 
@@ -211,7 +214,8 @@ class RolloutCollector:
             batch = self.bridge.launch(self.requests(indices, step, version))
         else:
             started, batch, batches = ahead.started, ahead.batch, ahead.batches
-        outcomes = self.bridge.finish(batch)
+        with self.watch.paused() if self.watch is not None else contextlib.nullcontext():
+            outcomes = self.bridge.finish(batch)
         done = time.perf_counter()
         stats = StepStats(
             seconds=done - started, wait_seconds=done - called, policy_version=version

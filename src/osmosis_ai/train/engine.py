@@ -21,6 +21,7 @@ from osmosis_ai.train.collect import prompt_for, reward_from_rollouts
 from osmosis_ai.train.errors import OutOfMemoryError
 from osmosis_ai.train.events import WarmupEvent
 from osmosis_ai.train.plan import TrainPlan
+from osmosis_ai.train.step_watch import StepWatch, run_watched
 from osmosis_ai.workspace import DatasetRow, LoraSection
 
 _FEATURE = "osmosis train run"
@@ -316,18 +317,34 @@ def served_model(trainer: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def run(trainer: Any, plan: TrainPlan, resume_from: Path | None) -> None:
-    """``trainer.train``, resuming from ``resume_from`` when given."""
+def run(
+    trainer: Any, plan: TrainPlan, resume_from: Path | None, watch: StepWatch | None = None
+) -> None:
+    """``trainer.train``, resuming from ``resume_from`` when given; with ``watch``, on a
+    thread of its own while this one enforces the trainer step deadline."""
+    import torch
+
     target = None if resume_from is None else str(resume_from)
     # The model, tokenizer, trainer and libraries live for the whole run: freezing them keeps
     # them out of every later full collection, which otherwise stalls a step for ~0.3 s on
     # even a tiny model (and splits its decode batch).
     gc.collect()
     gc.freeze()
-    try:
+    # the current CUDA device is a thread's own: the training thread keeps this one's
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+    def train() -> None:
+        if device is not None:
+            torch.cuda.set_device(device)
         _guard_memory(
             lambda: trainer.train(resume_from_checkpoint=target), plan, "a GRPO step", None
         )
+
+    try:
+        if watch is None:
+            train()
+        else:
+            run_watched(train, watch)
     finally:
         gc.unfreeze()
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from osmosis_ai.deadlines import TRAIN_STEP
 from osmosis_ai.train import engine
 from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
 from osmosis_ai.train.chart import save_png
@@ -31,6 +32,7 @@ from osmosis_ai.train.events import (
 from osmosis_ai.train.plan import TrainPlan, TrainRunOptions, build_plan
 from osmosis_ai.train.reporting import TrainReporter, require_trackers
 from osmosis_ai.train.rundir import RunDir, iso_now, save_atomically
+from osmosis_ai.train.step_watch import StepWatch
 from osmosis_ai.train.stopping import NO_LEARNING_SIGNAL, Background, SignalWatch, StopRequest
 
 # Rollout servers that honor it (the bundled templates do) skip per-rollout trajectory files
@@ -343,7 +345,9 @@ class _Run:
             self.stage(f"resuming after step {done} ({self.resume_point.name})")
         elif plan.config.checkpoints.eval_interval > 0 and vllm_url is None and self.leads:
             self._validate(0)  # (a vLLM server holds the pre-warm-up weights until step 1)
-        callback = RunCallback(self)
+        watch = StepWatch(TRAIN_STEP.seconds())
+        self.collector.watch = watch
+        callback = RunCallback(self, watch)
         args = engine.grpo_config(
             plan, self.rundir.resume_dir, device, report_to, world=self.world, sharded=self.sharded
         )
@@ -357,7 +361,7 @@ class _Run:
             f"lr {training.lr:g}, kl {training.kl_coef:g})"
         )
         try:
-            engine.run(self.trainer, plan, self.resume_point)
+            engine.run(self.trainer, plan, self.resume_point, watch)
         finally:
             self.collector.drop_ahead()
         stopped = callback.stopped_early

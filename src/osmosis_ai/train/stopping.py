@@ -63,9 +63,9 @@ class StopRequest:
 class Background:
     """Runs ``call`` in a daemon thread; :meth:`wait` re-raises its error in the caller."""
 
-    def __init__(self, call: Callable[[], object]) -> None:
+    def __init__(self, call: Callable[[], object], name: str | None = None) -> None:
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(call,), name=name, daemon=True)
         self._thread.start()
 
     def _run(self, call: Callable[[], object]) -> None:
@@ -73,6 +73,11 @@ class Background:
             call()
         except BaseException as exc:
             self._error = exc
+
+    def join(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds; whether ``call`` has returned (or raised)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def wait(self, *, raise_error: bool = True) -> None:
         self._thread.join()

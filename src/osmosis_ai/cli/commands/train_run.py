@@ -151,9 +151,12 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
 
                 result = run_training(options, renderer)
     except TrainingError as exc:
-        raise CLIError(
-            CLIErrorCode.VALIDATION, str(exc), {"error_type": type(exc).__name__}
-        ) from exc
+        from osmosis_ai.errors import DeadlineError
+
+        details: dict[str, object] = {"error_type": type(exc).__name__}
+        if isinstance(exc, DeadlineError):  # a stall: its stage, deadline and setting
+            details.update(stage=exc.stage, deadline_s=exc.deadline_s, setting=exc.setting)
+        raise CLIError(CLIErrorCode.VALIDATION, str(exc), details) from exc
     return _result(result, args)
 
 
