@@ -153,7 +153,12 @@ def download_run(
             continue
         expected = size if isinstance(size, int) and not isinstance(size, bool) else 0
         planned.append((token, str(relative), expected, root.joinpath(*relative.parts)))
-    existing = [target for *_, target in planned if target.exists()]
+    record = eval_run(client.call("GET", run_path(name_or_id)))
+    existing = [
+        target
+        for _, relative, _, target in planned
+        if target.exists() and not _own_metrics(relative, target, record.get("id"))
+    ]
     if existing and not overwrite:
         raise CLIError(
             CLIErrorCode.CONFLICT,
@@ -188,7 +193,108 @@ def download_run(
                     )
                 transfers.download(url, target, overwrite=True, expected_size=size)
                 total += size
-    return Downloaded(root=root, files=len(planned), bytes=total, skipped=0)
+    written = write_local_layout(root, record, session.client.call("GET", run_path(name_or_id)))
+    return Downloaded(root=root, files=len(planned) + written, bytes=total, skipped=0)
+
+
+def _own_metrics(relative: str, target: Path, run_id: object) -> bool:
+    """``metrics.json`` that ``eval info`` wrote for this same run: refreshed, not a conflict."""
+    if relative != "metrics.json" or not isinstance(run_id, str):
+        return False
+    try:
+        document = json.loads(target.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    block = document.get("eval_run") if isinstance(document, dict) else None
+    return isinstance(block, dict) and block.get("id") == run_id  # pyright: ignore[reportUnknownMemberType]
+
+
+def write_local_layout(root: Path, record: Mapping[str, Any], detail: Mapping[str, Any]) -> int:
+    """Complete a download into the layout ``osmosis eval run`` leaves (reference §5.6).
+
+    From ``summary.jsonl`` (the platform's sample index): ``index.jsonl`` (the same bytes),
+    ``events.jsonl`` (one journal record per item) and ``progress.json``; from the run's
+    record, ``manifest.json`` (its inputs; ``provenance.source`` says it came from the
+    platform). ``logs.txt`` comes with ``--type logs`` (or ``all``). Returns the files written.
+    """
+    summary = root / "summary.jsonl"
+    if not summary.is_file():
+        return 0
+    index = summary.read_bytes()
+    entries: list[dict[str, Any]] = []
+    for line in index.decode("utf-8").splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            if isinstance(entry, dict):
+                entries.append(_str_keys(entry))
+    _write_bytes(root / "index.jsonl", index)
+    journal_keys = ("row_index", "run_index", "rollout_id", "status", "reward", "tokens")
+    events = "".join(
+        json.dumps(
+            {
+                **{k: e[k] for k in journal_keys if e.get(k) is not None},
+                "duration_ms": e.get("duration_ms", 0),
+                **({"error_type": e["error_type"]} if e.get("error_type") else {}),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        + "\n"
+        for e in entries
+    )
+    _write_bytes(root / "events.jsonl", events.encode("utf-8"))
+    results = record.get("results")
+    results = results if isinstance(results, dict) else {}
+    rows = {e.get("row_index") for e in entries}
+    write_json(
+        root / "progress.json",
+        {
+            "total_runs": results.get("total_runs", len(entries)),  # pyright: ignore[reportUnknownMemberType]
+            "sampled_rows": results.get("sampled_rows", len(rows)),  # pyright: ignore[reportUnknownMemberType]
+            "total_dataset_rows": results.get("dataset_rows"),  # pyright: ignore[reportUnknownMemberType]
+        },
+    )
+    config = detail.get("config")
+    config = config if isinstance(config, dict) else {}
+    run_id = str(record.get("id") or "")
+    write_json(
+        root / "manifest.json",
+        {
+            "schema_version": 1,
+            "local_run_id": hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:32],
+            "run_name": record.get("name"),
+            "created_at": record.get("created_at"),
+            "inputs": {
+                "model_path": record.get("model_name"),
+                "dataset": {"name": record.get("dataset_name")},
+                "n": config.get("n", 1),  # pyright: ignore[reportUnknownMemberType]
+                "rollout": {
+                    "name": record.get("rollout_name"),
+                    "entrypoint": detail.get("entrypoint"),
+                },
+                "env": detail.get("env_config") or {},
+                "secret_names": sorted(detail.get("resolved_secret_scopes") or {}),
+            },
+            "provenance": {
+                "source": "platform",
+                "platform_run_id": run_id,
+                "config_branch": detail.get("branch"),
+                "config_commit_sha": detail.get("commit_sha"),
+            },
+        },
+    )
+    return 4
+
+
+def _str_keys(entry: dict[Any, Any]) -> dict[str, Any]:
+    return {str(k): v for k, v in entry.items()}  # pyright: ignore[reportUnknownVariableType]
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_bytes(data)
+    os.replace(temp, path)
 
 
 # --- upload ----------------------------------------------------------------------------------

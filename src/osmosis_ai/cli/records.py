@@ -107,3 +107,58 @@ def size_text(size: object) -> str | None:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TB"
+
+
+# --- waiting for a run to end ------------------------------------------------------------------
+
+#: The states a platform run does not leave (eval and training runs alike).
+ENDED = frozenset({"finished", "failed", "crashed", "stopped", "killed"})
+WAIT_POLL_S = 2.0
+
+
+def add_wait_argument(parser: Any, what: str) -> None:
+    """``--wait SECONDS``: poll until the run ends, at most that long."""
+    parser.add_argument(
+        "--wait",
+        type=_seconds,
+        metavar="SECONDS",
+        help=f"wait until the {what} ends (finished, failed, stopped), at most SECONDS; "
+        "past that, exit 1 naming its status",
+    )
+
+
+def _seconds(text: str) -> float:
+    from osmosis_ai.cli.errors import CLIUsageError
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise CLIUsageError(f"--wait {text!r}: give a number of seconds above 0, e.g. --wait 600")
+    return value
+
+
+def wait_until_ended(status_of: Any, *, what: str, name: str, timeout_s: float) -> str:
+    """Call ``status_of()`` every 2 s until it answers an ended state; return that state.
+
+    Past ``timeout_s`` raises a ``CLIError`` naming the run, its last status and the option.
+    """
+    import time
+
+    from osmosis_ai.cli.errors import CLIError, CLIErrorCode
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = str(status_of())
+        if status in ENDED:
+            return status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CLIError(
+                CLIErrorCode.CONFLICT,
+                f"The {what} {name} is still {status} after --wait {timeout_s:g} s. Wait "
+                "longer (a larger --wait), or look at it with its logs command.",
+                {"name": name, "status": status, "wait_s": timeout_s},
+            )
+        time.sleep(min(WAIT_POLL_S, left))

@@ -87,11 +87,21 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             "token_store": token_store,
         },
         message=f"Logged in to {target.platform_url} as {user.email}.",
-        next_steps=[
-            "Clone the repository your platform workspace is connected to, then run "
-            "`osmosis doctor` in it."
-        ],
+        next_steps=[_next_step()],
         next_steps_structured=[{"action": "doctor"}],
+    )
+
+
+def _next_step() -> str:
+    """In a workspace clone: check it; elsewhere: say to clone one first."""
+    from osmosis_ai.cli.platform_session import find_workspace_directory
+
+    directory = find_workspace_directory()
+    if directory is not None:
+        return f"Check the workspace {directory.identity} here with `osmosis doctor`."
+    return (
+        "Clone the repository your platform workspace is connected to, then run "
+        "`osmosis doctor` in it."
     )
 
 

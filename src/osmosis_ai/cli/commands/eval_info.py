@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from osmosis_ai.cli import records
 from osmosis_ai.cli.eval_platform import (
     default_root,
     eval_run,
@@ -25,11 +26,19 @@ NO_METRICS_YET = ("pending", "queued")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the eval run's name (or id)")
     parser.add_argument("-o", "--output", metavar="ROOT", help="folder to write metrics.json into")
+    records.add_wait_argument(parser, "eval run")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
     with open_session(ctx) as session:
         client = session.client
+        if args.wait is not None:
+            records.wait_until_ended(
+                lambda: eval_run(client.call("GET", run_path(args.name))).get("status"),
+                what="eval run",
+                name=args.name,
+                timeout_s=args.wait,
+            )
         record = client.call("GET", run_path(args.name))
         data = eval_run(record)
         for key in ("entrypoint", "branch", "commit_sha", "env_config", "config"):

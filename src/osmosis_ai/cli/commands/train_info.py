@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from osmosis_ai.cli import training_runs
+from osmosis_ai.cli import records, training_runs
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.cli.output import Context, DetailResult, Result
 from osmosis_ai.cli.platform_session import open_session
@@ -26,11 +26,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o", "--output", help="write the metrics export to this .json file, or into this directory"
     )
+    records.add_wait_argument(parser, "training run")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
     with open_session(ctx) as session:
         client = session.client
+        if args.wait is not None:
+            records.wait_until_ended(
+                lambda: training_runs.detail(client, args.name)["run"].get("status"),
+                what="training run",
+                name=args.name,
+                timeout_s=args.wait,
+            )
         body = training_runs.detail(client, args.name)
         run: dict[str, Any] = body["run"]
         status = str(run.get("status"))
@@ -48,7 +56,11 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
     written = None
     if export is not None and (args.output is not None or ctx.format == "rich"):
         written = _write(export, _target(args.output, root, str(run.get("name"))))
+    # id, name and status also at the top, where `eval info --json` has them
     data: dict[str, object] = {
+        "id": run.get("id"),
+        "name": run.get("name"),
+        "status": run.get("status"),
         "training_run": {
             **training_runs.training_run(run),
             "examples_processed_count": run.get("examples_processed_count"),
