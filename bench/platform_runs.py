@@ -21,6 +21,7 @@ Figures:
   batches the eval job uses), measured in this process (target <= 1 ms).
 
     .venv/bin/python bench/platform_runs.py [--rows 200] [--concurrency 8] [--starts 3]
+                                            [--single-tenant]  # workers uncontained
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ def local_eval(clone: Path, model_url: str, name: str) -> float:
 
 
 class Platform:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, single_tenant: bool = False) -> None:
+        self.single_tenant = single_tenant
         self.data_dir = root / "platform"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -157,6 +159,8 @@ class Platform:
         self.token = made["token"]
         command = [*OSMOSIS, "platform", "serve", "--data-dir", str(self.data_dir)]
         command += ["--port", str(self.port), "--workers", "1", "--log-level", "warning"]
+        if self.single_tenant:  # the uncontained baseline of the isolation's cost
+            command.append("--single-tenant")
         self.proc = subprocess.Popen(command, env=self.env)
         wait_http(f"{self.url}/api/health", self.proc, "osmosis platform serve")
         self.env |= {
@@ -288,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--starts", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--single-tenant",
+        action="store_true",
+        help="run the platform's workers uncontained (the baseline of what isolation costs)",
+    )
     args = parser.parse_args(argv)
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="osmosis-bench-runs-") as temp:
@@ -296,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         model = subprocess.Popen(
             [PYTHON, str(BENCH / "scripted_model.py"), "--port", str(model_port), "--calculator"]
         )
-        platform = Platform(root)
+        platform = Platform(root, single_tenant=args.single_tenant)
         try:
             model_url = f"http://127.0.0.1:{model_port}"
             wait_http(f"{model_url}/v1/models", model, "scripted model")
