@@ -472,3 +472,43 @@ def test_keys_can_live_outside_the_data_dir(tmp_path: Path):
         with pytest.raises(Exception, match="OSMOSIS_PLATFORM_SINGLE_TENANT='maybe'"):
             load_settings(data_dir=tmp_path / "data")
     assert load_settings(data_dir=tmp_path / "data").isolation == "bubblewrap"
+
+
+@needs_containment
+def test_a_data_dir_inside_the_operators_home_stays_hidden_but_the_run_folders_show(
+    tmp_path: Path,
+):
+    from osmosis_ai.controller.containment import interpreter_paths
+
+    import tempfile
+
+    # An operator's home outside /tmp (which the sandbox replaces whole), holding the data dir.
+    home = Path(tempfile.mkdtemp(dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    data = home / ".osmosis" / "platform"
+    run = data / "work" / "runs" / "r1"
+    try:
+        (run / "checkout").mkdir(parents=True)
+        (run / "checkout" / "code.py").write_text("print('hi')\n")
+        (data / "secrets.key").write_bytes(b"k" * 32)
+        policy = Containment(
+            home=str(run / "home"),
+            hidden=(str(home), str(data), "/root"),
+            read_only=(str(run / "checkout"),),
+            uid=65534,
+        )
+        script = (
+            "import os, sys; d = sys.argv[1]; print(sorted(os.listdir(d)), "
+            "os.path.exists(os.path.join(d, 'secrets.key')), "
+            "open(os.path.join(d, 'work/runs/r1/checkout/code.py')).read().strip())"
+        )
+        done = policy.run(
+            [sys.executable, "-I", "-c", script, str(data)],
+            cwd=run / "checkout",
+            env=policy.environment(os.environ, {}),
+            read_only=interpreter_paths(),
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "['work'] False print('hi')"
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -100,10 +100,12 @@ class Containment:
         writable: Iterable[str | Path] = (),
     ) -> list[str]:
         """The bwrap command line around ``command`` (without the user-namespace options)."""
-        # /tmp is private already: what lies beneath it needs no hiding of its own.
-        hidden = sorted(
-            {_clean(p) for p in self.hidden if not _under(_clean(p), ["/tmp"])}, key=len
-        )
+        # /tmp is private already: what lies beneath it needs no hiding of its own, nor
+        # what lies beneath another hidden folder.
+        hidden: list[str] = []
+        for path in sorted({_clean(p) for p in self.hidden}, key=len):
+            if not _under(path, [*hidden, "/tmp"]):
+                hidden.append(path)
         hidden.append("/tmp")
         args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
         for path in hidden[:-1]:

@@ -52,7 +52,7 @@ from osmosis_ai.controller import containment
 from osmosis_ai.controller.rollout_process import ENV_CACHE_ENV
 from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
-from osmosis_ai.platform.crypto import SecretBox, secret_key
+from osmosis_ai.platform.crypto import SECRET_KEY_ENV, SecretBox, secret_key
 from osmosis_ai.platform.objects import ObjectStore
 from osmosis_ai.platform.services.runs import TERMINAL, run_secret_values
 from osmosis_ai.platform.services.work import LeaseLost
@@ -99,6 +99,7 @@ class RunSpec:
     keys_dir: str | None = None
     bwrap: str = "bwrap"
     sandbox_uid: int | None = None  # the uid contained code runs as (a root worker)
+    secret_key: str | None = None  # the worker's OSMOSIS_PLATFORM_SECRET_KEY, if it has one
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +229,8 @@ def _execute(spec: RunSpec, stop: threading.Event, releasing: threading.Event) -
         keys_dir=spec.keys_dir,
         single_tenant=spec.isolation == UNCONTAINED,
     )
-    box = SecretBox(secret_key(settings.key_dir))
+    given = {SECRET_KEY_ENV: spec.secret_key} if spec.secret_key else {}
+    box = SecretBox(secret_key(settings.key_dir, environ=given))
     database = open_database(settings, migrate=False)
     reporter = AttemptReporter(
         database,

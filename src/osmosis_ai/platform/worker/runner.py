@@ -57,7 +57,7 @@ from osmosis_ai.deadlines import RUN_HEARTBEAT
 from osmosis_ai.errors import ConfigError, DeadlineError
 from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
-from osmosis_ai.platform.crypto import SecretBox, secret_key
+from osmosis_ai.platform.crypto import SECRET_KEY_ENV, SecretBox, secret_key
 from osmosis_ai.platform.errors import PlatformError
 from osmosis_ai.platform.services import work
 from osmosis_ai.platform.services.runs import TERMINAL, add_log, run_secret_values
@@ -377,6 +377,8 @@ class Worker:
                 keys_dir=str(self.settings.keys_dir) if self.settings.keys_dir else None,
                 bwrap=self.bwrap,
                 sandbox_uid=self.settings.sandbox_uid,
+                # Not in the run process's environment (/proc shows it): in the 0600 spec.
+                secret_key=os.environ.get(SECRET_KEY_ENV) or None,
             ).write(spec_path)
             process = self._take_standby(spec_path)
             if process is None:
