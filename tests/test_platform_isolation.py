@@ -478,9 +478,9 @@ def test_keys_can_live_outside_the_data_dir(tmp_path: Path):
 def test_a_data_dir_inside_the_operators_home_stays_hidden_but_the_run_folders_show(
     tmp_path: Path,
 ):
-    from osmosis_ai.controller.containment import interpreter_paths
-
     import tempfile
+
+    from osmosis_ai.controller.containment import interpreter_paths
 
     # An operator's home outside /tmp (which the sandbox replaces whole), holding the data dir.
     home = Path(tempfile.mkdtemp(dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
