@@ -153,8 +153,10 @@ def test_apply_into_an_empty_directory_makes_a_workspace(tmp_path, name):
         f"configs/eval/{name}.toml",
         f"configs/training/{name}.toml",
         "data/multiply.jsonl",
+        ".gitignore",
     }
     assert set(applied.files_written) == recipe
+    assert (tmp_path / ".gitignore").read_text().splitlines()[-1] == ".osmosis/"
     assert "AGENTS.md" in applied.scaffold_created and "data/.gitkeep" in applied.scaffold_created
     assert len(applied.skills_written) == 2 * len(SKILLS)
     assert MANIFEST not in files_under(tmp_path)
@@ -414,3 +416,12 @@ def test_skills_are_mirrored_and_never_overwritten(tmp_path):
     (tmp_path / ".agents/skills/plan-dataset/SKILL.md").unlink()
     assert install_skills(tmp_path) == [tmp_path / ".agents/skills/plan-dataset/SKILL.md"]
     assert mine.read_text() == "my notes\n"
+
+
+def test_apply_keeps_a_gitignore_and_adds_the_local_runs_once(tmp_path):
+    (tmp_path / ".gitignore").write_text("*.log")
+    first = apply_template("multiply-local-openai", tmp_path)
+    second = apply_template("copy-digit", tmp_path)
+    lines = (tmp_path / ".gitignore").read_text().splitlines()
+    assert lines[0] == "*.log" and lines.count(".osmosis/") == 1
+    assert ".gitignore" in first.files_written and ".gitignore" not in second.files_written

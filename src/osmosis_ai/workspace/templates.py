@@ -302,6 +302,30 @@ def install_skills(root: Path) -> list[Path]:
     return written
 
 
+LOCAL_RUNS_IGNORE = ".osmosis/"
+
+
+def ignore_local_runs(root: Path) -> tuple[str, ...]:
+    """Have the workspace's ``.gitignore`` ignore ``.osmosis/`` (local runs, downloads,
+    metrics exports): created, or the line appended. Returns ``(".gitignore",)`` when it
+    changed, ``()`` when it already ignored it."""
+    path = root / ".gitignore"
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return ()
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if any(
+        line.strip() in (".osmosis", ".osmosis/", "/.osmosis", "/.osmosis/")
+        for line in text.splitlines()
+    ):
+        return ()
+    if text and not text.endswith("\n"):
+        text += "\n"
+    path.write_text(
+        f"{text}# osmosis: local runs, downloads and metrics exports\n{LOCAL_RUNS_IGNORE}\n"
+    )
+    return (".gitignore",)
+
+
 def skill_names() -> list[str]:
     """The names of the bundled skills (``create-rollout``, ...)."""
     return list(_children(templates_root() / "skills", dirs=True))
@@ -332,7 +356,7 @@ def apply_template(
     root = workspace.root
     to_write, unchanged = _plan(root, files, force=force)
     scaffold = [_rel(path, root) for path in fix_scaffold(root)] if new else []
-    written = _write(root, to_write)
+    written = _write(root, to_write) + ignore_local_runs(root)
     skills = [_rel(path, root) for path in install_skills(root)]
     return TemplateApplication(
         root=root,
