@@ -324,7 +324,7 @@ class DeploymentManager:
     def prepare(self, spec: DeploymentSpec) -> tuple[Path, bool, Path | None]:
         """The checkpoint folder, whether it is a LoRA adapter, and the base model folder
         (the registered one, else the one the adapter names when it exists here)."""
-        from osmosis_ai.platform.serving_policy import adapter_base, is_adapter
+        from osmosis_ai.controller.policy.adapter import adapter_base, is_adapter
 
         checkpoint = self.materialize(spec)
         adapter = is_adapter(checkpoint)

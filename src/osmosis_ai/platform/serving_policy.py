@@ -12,7 +12,6 @@ platform that started it is gone). Needs the ``train`` extra (torch, transformer
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -22,23 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from osmosis_ai.controller.policy.adapter import is_adapter, load_merged
 from osmosis_ai.errors import ConfigError, MissingExtraError
-
-ADAPTER_CONFIG = "adapter_config.json"
-
-
-def is_adapter(folder: Path) -> bool:
-    return (folder / ADAPTER_CONFIG).is_file()
-
-
-def adapter_base(folder: Path) -> str | None:
-    """The base model an adapter folder names (``base_model_name_or_path``), if any."""
-    try:
-        data: object = json.loads((folder / ADAPTER_CONFIG).read_text())
-    except (OSError, ValueError):
-        return None
-    value = data.get("base_model_name_or_path") if isinstance(data, dict) else None  # pyright: ignore[reportUnknownMemberType]
-    return value if isinstance(value, str) and value else None
 
 
 def load_policy(
@@ -56,22 +40,9 @@ def load_policy(
             f"{model_dir} is a LoRA adapter but no base model folder was given: register the "
             "base model with osmosis platform model add NAME --path DIR"
         )
-    try:
-        import transformers
-        from peft import PeftModel
-    except ModuleNotFoundError as exc:
-        raise MissingExtraError("train", "serving a LoRA adapter", exc.name) from exc
-    tokenizer_dir = model_dir if (model_dir / "tokenizer_config.json").is_file() else base
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-        model: Any = transformers.AutoModelForCausalLM.from_pretrained(
-            base, local_files_only=True, dtype="float32" if device == "cpu" else "auto"
-        )
-        merged: Any = PeftModel.from_pretrained(model, str(model_dir)).merge_and_unload()  # pyright: ignore[reportUnknownMemberType]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(
-            f"cannot load the LoRA adapter {model_dir} onto the base model {base}: {exc}"
-        ) from exc
+    merged, tokenizer = load_merged(
+        model_dir, base=base, dtype="float32" if device == "cpu" else "auto"
+    )
     return LocalPolicy.from_model(
         merged.to(device), tokenizer, name=name, max_model_len=max_model_len
     )
