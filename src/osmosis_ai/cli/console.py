@@ -71,8 +71,8 @@ def _list(out: Console, result: ListResult, *, default_title: str = "") -> None:
         return
     table = Table(header_style="bold")
     columns = list_columns(result)
-    for column in columns:
-        table.add_column(column.label)
+    for column in columns:  # folded, never cut: a name or id in a cell is what you type next
+        table.add_column(column.label, overflow="fold")
     for item in result.items:
         table.add_row(*(_value(item.get(column.key)) for column in columns))
     out.print(table)
@@ -85,7 +85,7 @@ def _list(out: Console, result: ListResult, *, default_title: str = "") -> None:
 def _grid(rows: Sequence[tuple[str, object]]) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold cyan", no_wrap=True)
-    grid.add_column()
+    grid.add_column(overflow="fold")
     for label, value in rows:
         grid.add_row(Text(label), _value(value))
     return grid

@@ -19,7 +19,7 @@ from osmosis_ai.cli.platform_session import (
 
 BASE_COLUMNS = [
     Column("model_name", "Name"),
-    Column("base_model", "Path"),
+    Column("base_model", "Base model"),
     Column("created_at", "Created"),
     Column("creator_name", "Created by"),
 ]
