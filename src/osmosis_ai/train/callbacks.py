@@ -81,13 +81,18 @@ class WarmupCallback(TrainerCallback):
         self.emit = emit
         self.should_stop = should_stop
         self.stopped = False
+        self.reported_step = -1
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
+        step = int(state.global_step)
+        if step == self.reported_step:  # the trainer's end-of-training summary: step reported
+            return
+        self.reported_step = step
         loss = (logs or {}).get("loss")
         value = float(loss) if isinstance(loss, int | float) else None
-        self.emit(WarmupEvent(int(state.global_step), int(state.max_steps), value))
+        self.emit(WarmupEvent(step, int(state.max_steps), value))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.should_stop():
