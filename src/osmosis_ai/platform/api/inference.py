@@ -109,7 +109,7 @@ async def _caller(request: Request, platform: Platform) -> _Caller:
         from starlette.concurrency import run_in_threadpool
 
         workspace = await run_in_threadpool(
-            deployments.serving_key_workspace, platform.settings.data_dir, raw
+            deployments.serving_key_workspace, platform.settings.key_dir, raw
         )
         if workspace is None:
             raise AuthenticationFailed("The serving key is not valid on this platform.")

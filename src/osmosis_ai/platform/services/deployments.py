@@ -282,7 +282,7 @@ def resolve_deployed(
     return Deployed(
         base_url=serving_base_url(settings.public_url),
         model_name=inference_model(model),
-        api_key=workspace_serving_key(settings.data_dir, workspace_id),
+        api_key=workspace_serving_key(settings.key_dir, workspace_id),
     )
 
 
