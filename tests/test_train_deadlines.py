@@ -20,7 +20,7 @@ pytest.importorskip("torch", reason="needs the 'train' extra: pip install \"osmo
 pytest.importorskip("trl", reason="needs the 'train' extra: pip install \"osmosis-ai[train]\"")
 
 from cli_support import invoke
-from osmosis_ai.deadlines import TRAIN_STEP
+from osmosis_ai.deadlines import TRAIN_STEP, WEIGHT_SYNC
 from osmosis_ai.train import engine
 from osmosis_ai.train.demo import setup_workspace
 from osmosis_ai.train.tiny_model import build_tiny_model
@@ -154,6 +154,88 @@ def test_the_step_watch_does_not_count_the_wait_for_rollouts():
     )
     watch.end()
     assert watch.overdue() is None
+
+
+# -- weight sync: the local policy --------------------------------------------------------
+
+USER = [{"role": "user", "content": "Copy: 7"}]
+
+
+def test_a_hold_the_trainer_never_releases_fails_the_held_model_calls_with_weight_sync_timeout(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from osmosis_ai.controller.errors import WeightSyncTimeoutError
+    from osmosis_ai.controller.policy import LocalPolicy
+
+    deadline = 1.0
+    monkeypatch.setenv(WEIGHT_SYNC.setting, str(deadline))
+    policy = LocalPolicy(model_dir, seed=0)
+    body = {"messages": USER, "temperature": 0, "max_tokens": 2}
+    replies: list[tuple[Any, BaseException | None, float]] = []
+    done = threading.Event()
+
+    def reply(answer: Any, error: BaseException | None) -> None:
+        replies.append((answer, error, time.monotonic()))
+        done.set()
+
+    policy.hold(True)  # the next step's model calls wait for a trainer that never asks
+    held = time.monotonic()
+    policy.submit_chat(dict(body), reply)
+    assert done.wait(30)
+    ((answer, error, when),) = replies
+    report("weight sync (a hold never released)", deadline, when - held)
+    assert answer is None and isinstance(error, WeightSyncTimeoutError)
+    assert (error.stage, error.deadline_s, error.setting) == (
+        "weight sync",
+        1.0,
+        WEIGHT_SYNC.setting,
+    )
+    assert "did not ask for that step in time" in str(error)
+    with pytest.raises(WeightSyncTimeoutError):  # a call during the overdue hold fails at once
+        policy.chat(dict(body))
+    policy.hold(False)  # the trainer comes back: calls are served again
+    assert policy.chat(dict(body))["choices"][0]["token_ids"]
+
+
+def test_a_generation_batch_that_keeps_the_model_fails_the_update_with_weight_sync_timeout(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from osmosis_ai.controller.errors import WeightSyncTimeoutError
+    from osmosis_ai.controller.policy import LocalPolicy
+
+    deadline = 0.5
+    monkeypatch.setenv(WEIGHT_SYNC.setting, str(deadline))
+    policy = LocalPolicy(model_dir, seed=0)
+    generating = threading.Event()
+    release = threading.Event()
+    decoder = policy._decoder
+    run = decoder.run
+
+    def stuck(rows: Any) -> Any:  # a generation batch that does not end (a hung kernel)
+        generating.set()
+        release.wait()
+        return run(rows)
+
+    monkeypatch.setattr(decoder, "run", stuck)
+    caller = threading.Thread(target=policy.chat, args=({"messages": USER, "max_tokens": 2},))
+    caller.start()
+    try:
+        assert generating.wait(30)
+        started = time.monotonic()
+        with pytest.raises(WeightSyncTimeoutError) as caught, policy.updating(1):
+            pass
+        report(
+            "weight sync (the optimizer waits on a generation batch)",
+            deadline,
+            time.monotonic() - started,
+        )
+    finally:
+        release.set()
+        caller.join(30)
+    assert "could not be updated" in str(caught.value) and policy.version == 0
+    with policy.updating(1):  # the batch ended: the update goes through
+        pass
+    assert policy.version == 1
 
 
 def _logged_at(logs: str, message: str) -> float:

@@ -3,7 +3,9 @@
 ``OsmosisError`` > ``ControllerError`` > ``UpstreamError`` > ``UpstreamAuthError`` (401/403),
 ``UpstreamNotFoundError`` (404), ``UpstreamConnectionError`` (no HTTP answer: refused, DNS,
 TLS, timeout) > ``UpstreamTimeoutError`` (no progress within the model call deadline),
-``UpstreamRequestError`` (any other error status, or not a completion)."""
+``UpstreamRequestError`` (any other error status, or not a completion);
+``ControllerError`` > ``WeightSyncTimeoutError`` (the local policy's weights were not in
+place within the weight sync deadline)."""
 
 from __future__ import annotations
 
@@ -97,3 +99,9 @@ def error_for_status(status_code: int, body: bytes, *, url: str, model: str) -> 
         body=body,
         provider_message=said,
     )
+
+
+class WeightSyncTimeoutError(ControllerError, DeadlineError):
+    """The served policy's weights were not in place in time: the trainer did not ask for
+    the next step while the local policy held that step's model calls, or a generation
+    batch kept the model from the optimizer's update (``OSMOSIS_WEIGHT_SYNC_TIMEOUT_S``)."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osmosis_ai.controller.errors import WeightSyncTimeoutError
+from osmosis_ai.deadlines import WEIGHT_SYNC
 from osmosis_ai.errors import ConfigError, MissingExtraError, UsageError
 
 try:
@@ -185,6 +187,9 @@ class LocalPolicy:
         self._callers = 0
         self._arrived = 0.0
         self._held = False  # no batch starts while held
+        self._held_until = 0.0  # the weight sync deadline of the hold (monotonic)
+        self._hold_s = WEIGHT_SYNC.default_s
+        self._expired: list[_Job] = []  # requests the hold kept past it, to fail
         self._batch_s = 0.0  # recent batches' duration: a maximum that decays
         self.batches = 0  # batches run so far (how well concurrent requests batch)
         self.batch_linger_s = DEFAULT_BATCH_LINGER_S
@@ -287,8 +292,15 @@ class LocalPolicy:
         """While held, no batch starts and requests queue. Lets the rollouts of the next
         training step start and reach the policy while the trainer still computes the
         update: the trainer releases them once the new weights are in place and it asks for
-        that step (the model is then the trainer's alone to use)."""
+        that step (the model is then the trainer's alone to use).
+
+        A hold lasts at most the weight sync deadline (``OSMOSIS_WEIGHT_SYNC_TIMEOUT_S``):
+        past it, each held request, and each one that comes while the hold lasts, fails
+        with :class:`WeightSyncTimeoutError` (its rollout fails saying so)."""
         with self._queue:
+            if held and not self._held:
+                self._hold_s = WEIGHT_SYNC.seconds()
+                self._held_until = time.monotonic() + self._hold_s
             self._held = held
             self._queue.notify_all()
 
@@ -351,9 +363,13 @@ class LocalPolicy:
                     if not self._pending:
                         self._queue.wait_for(lambda: bool(self._pending), timeout=_ENGINE_IDLE_S)
                     batch = self._next_batch()
-                    if not batch:
+                    expired, self._expired = self._expired, []
+                    if not batch and not expired:
                         self._runner = None  # (under the lock: a new request starts another)
                         return
+                if expired:
+                    self._fail(expired, self._hold_error())
+                    continue
                 self._run(batch)
         except BaseException:
             with self._queue:
@@ -364,7 +380,12 @@ class LocalPolicy:
         # Called holding ``_queue``: waits out a hold and for the expected callers, then
         # takes up to ``max_batch_rows`` rows (always at least one job).
         while self._pending and self._held:
-            self._queue.wait()  # hold() notifies
+            left = self._held_until - time.monotonic()
+            if left <= 0:  # the trainer never came back for them: they fail
+                self._expired = list(self._pending)
+                self._pending.clear()
+                return []
+            self._queue.wait(left)  # hold() notifies
         started = time.monotonic()
         linger = max(self.batch_linger_s, self._batch_s)
         while self._pending and not self._batch_ready():
@@ -404,12 +425,29 @@ class LocalPolicy:
             for job in batch:
                 job.error = exc
         finally:
-            for job in batch:
-                job.done.set()
-                if job.notify is not None:
-                    job.notify()
-            for flush in dict.fromkeys(job.flush for job in batch if job.flush is not None):
-                flush()
+            self._finish(batch)
+
+    def _fail(self, jobs: list[_Job], error: BaseException) -> None:
+        for job in jobs:
+            job.error = error
+        self._finish(jobs)
+
+    @staticmethod
+    def _finish(batch: list[_Job]) -> None:
+        for job in batch:
+            job.done.set()
+            if job.notify is not None:
+                job.notify()
+        for flush in dict.fromkeys(job.flush for job in batch if job.flush is not None):
+            flush()
+
+    def _hold_error(self) -> WeightSyncTimeoutError:
+        return WEIGHT_SYNC.error(
+            WeightSyncTimeoutError,
+            "the policy held this model call for the next training step's weights, and the "
+            "trainer did not ask for that step in time",
+            self._hold_s,
+        )
 
     def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer an OpenAI chat-completions request (``stream`` ignored) as a
@@ -538,11 +576,22 @@ class LocalPolicy:
     @contextlib.contextmanager
     def updating(self, version: int | None = None) -> Generator[None]:
         """Hold the model (no generation runs) while the caller changes its weights in
-        place; on a clean exit the version becomes ``version``, or goes up by one."""
-        with self._engine:
+        place; on a clean exit the version becomes ``version``, or goes up by one. A
+        generation batch that keeps the model past the weight sync deadline
+        (``OSMOSIS_WEIGHT_SYNC_TIMEOUT_S``) raises :class:`WeightSyncTimeoutError`."""
+        deadline = WEIGHT_SYNC.seconds()
+        if not self._engine.acquire(timeout=deadline):
+            raise WEIGHT_SYNC.error(
+                WeightSyncTimeoutError,
+                "a generation batch kept the policy's model, so its weights could not be updated",
+                deadline,
+            )
+        try:
             new = self._next_version(version)
             yield
             self._version = new
+        finally:
+            self._engine.release()
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
