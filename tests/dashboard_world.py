@@ -259,6 +259,7 @@ def seed_eval(
     trajectories: int | None = None,
     hostile: bool = False,
     shift: int = 0,
+    dataset: str = "multiply",
 ) -> Seeded:
     """An eval run of ``samples`` rows × ``n`` runs: every third row fails (reward 0, error
     ``grader_error``), the rest pass; the first ``trajectories`` samples (default all) get an
@@ -275,6 +276,7 @@ def seed_eval(
             status,
             now,
             evaluation_config={"pass_threshold": 1.0, "n": n},
+            dataset_name=dataset,
             completed_at=now if status != "running" else None,
             examples_processed_count=samples * n,
         )

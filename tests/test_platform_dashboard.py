@@ -403,6 +403,54 @@ async def test_every_logged_metric_gets_a_chart_in_its_group_and_the_first_group
     assert 'data-test="smoothing"' in page
 
 
+async def test_eval_failed_card_matches_the_failures_filter_and_compare_prefers_the_dataset(
+    world,
+):
+    harness, alice = world["harness"], world["alice"]
+    ws = _ws_id(harness, WS)
+    run = seed_eval(harness.platform, ws, alice.user_id, name="card-check", samples=12)
+    seed_eval(harness.platform, ws, alice.user_id, name="other-data", samples=4, dataset="gsm8k")
+    seed_eval(harness.platform, ws, alice.user_id, name="same-data", samples=4)
+    broken = seed_eval(
+        harness.platform, ws, alice.user_id, name="broke-early", samples=0, status="failed"
+    )
+    async with harness.client() as client:
+        await sign_in(client, alice)
+        page = (await client.get(f"{BASE}/evals/{run.name}")).text
+        failures = (await client.get(f"{BASE}/evals/{run.name}?show=failures")).text
+        errors = (await client.get(f"{BASE}/evals/{run.name}?show=errors")).text
+        compared = (await client.get(f"{BASE}/evals/{run.name}?compare=other-data")).text
+        failed_page = (await client.get(f"{BASE}/evals/{broken.name}")).text
+
+    def card(html: str, field: str) -> str:
+        found = re.search(rf'data-field="{field}"[^>]*>([^<]*)<', html)
+        assert found, field
+        return found.group(1).strip()
+
+    listed = failures.count('data-test="sample-row"')
+    assert listed == 4  # rows 0, 3, 6, 9 score 0
+    assert card(page, "failed") == str(listed)
+    assert card(page, "errors") == str(errors.count('data-test="sample-row"')) == "2"
+    assert card(page, "passed") == "8 / 12"
+    assert "1.0s" in page and ">0s<" not in page  # per-sample durations (1000 ms + row)
+    assert 'data-test="samples-legend"' in page and "dataset row" in page
+    # compare: same dataset first, the others after a divider with their dataset named
+    options = re.findall(r'data-same-dataset="(true|false)"[^>]*>([^<]*)<', page)
+    flags = [same for same, _ in options]
+    assert flags == sorted(flags, reverse=True) and "false" in flags, options
+    assert any(name.startswith("other-data (gsm8k)") for _, name in options)
+    assert 'data-test="compare-dataset-differs"' in compared and "gsm8k" in compared
+    # a failed run with nothing completed shows no 0.0 % cards
+    assert 'data-test="no-results"' in failed_page and "0.0%" not in failed_page
+
+
+def test_sample_durations_under_a_second_are_not_zero():
+    from osmosis_ai.platform.web.render import environment
+
+    show = environment().filters["duration"]
+    assert show(340) == "340 ms" and show(1500) == "1.5s" and show(65_000) == "1m 05s"
+
+
 def test_lttb_keeps_the_ends_and_the_peaks():
     points = [(i, 0.0) for i in range(1000)]
     points[500] = (500, 10.0)

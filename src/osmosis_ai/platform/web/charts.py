@@ -115,9 +115,8 @@ def read_points(
     series: dict[str, list[tuple[int, float | None]]] = {}
     current: list[tuple[int, float | None]] = []
     last_key: str | None = None
-    for key, step, value in session.connection().execute(
-        query.order_by(RunMetric.key, RunMetric.step)
-    ):
+    rows = session.connection().execute(query.order_by(RunMetric.key, RunMetric.step)).all()
+    for key, step, value in rows:
         if key != last_key:
             current = series.setdefault(key, [])
             last_key = key
@@ -151,6 +150,8 @@ def lttb(points: Sequence[Point], threshold: int) -> list[Point]:
         return list(points)
     if threshold < 3:
         return [points[0], points[-1]]
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
     chosen: list[Point] = [points[0]]
     every = (count - 2) / (threshold - 2)
     anchor = 0
@@ -161,13 +162,14 @@ def lttb(points: Sequence[Point], threshold: int) -> list[Point]:
         next_start = end
         next_end = min(int((bucket + 2) * every) + 1, count)
         span = max(1, next_end - next_start)
-        avg_x = sum(points[i][0] for i in range(next_start, next_start + span)) / span
-        avg_y = sum(points[i][1] for i in range(next_start, next_start + span)) / span
-        ax, ay = points[anchor]
+        avg_x = sum(xs[next_start : next_start + span]) / span
+        avg_y = sum(ys[next_start : next_start + span]) / span
+        ax, ay = xs[anchor], ys[anchor]
+        # twice the triangle's area, as a linear function of (x, y): c_y*y - c_x*x + c0
+        c_x, c_y = avg_y - ay, ax - avg_x
         best, best_area = start, -1.0
         for i in range(start, max(start + 1, end)):
-            x, y = points[i]
-            area = abs((ax - avg_x) * (y - ay) - (ax - x) * (avg_y - ay))
+            area = abs(c_y * (ys[i] - ay) - c_x * (xs[i] - ax))
             if area > best_area:
                 best, best_area = i, area
         chosen.append(points[best])

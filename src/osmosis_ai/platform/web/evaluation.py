@@ -77,16 +77,20 @@ def _summary(db: Session, run: Run) -> dict[str, Any]:
         summary.setdefault(optional, None)
     rewards = [s.reward for s in scored if s.reward is not None]
     summary["histogram"] = charts.histogram(rewards)
+    # "Failed" is what the failures filter lists: every completed sample that did not pass
+    # (errors and rewards under the threshold); "errors" those whose rollout failed.
+    summary["not_passed"] = summary["completed_samples"] - summary["passed"]
+    if not summary["completed_samples"]:
+        summary["pass_rate"] = None  # nothing completed: no rate, not 0 %
     return summary
 
 
 def _failing(threshold: float) -> Any:
-    return or_(
-        RunSample.status == "failed",
-        and_(
-            RunSample.status != "skipped",
-            or_(RunSample.reward.is_(None), RunSample.reward < threshold),
-        ),
+    """Not passed, as the pass rate counts: completed (not skipped) with no reward or a
+    reward under the threshold."""
+    return and_(
+        RunSample.status != "skipped",
+        or_(RunSample.reward.is_(None), RunSample.reward < threshold),
     )
 
 
@@ -168,13 +172,14 @@ def eval_page(
                     other_rows = {
                         (s.row_index, s.run_index): _sample_row(s, other_threshold) for s in found
                     }
+            # runs of the same dataset first (their rows are the same rows), newest first
             choices = list(
                 db.execute(
-                    select(Run.id, Run.name)
+                    select(Run.id, Run.name, Run.dataset_name)
                     .where(
                         Run.workspace_id == page.workspace.id, Run.kind == "eval", Run.id != run.id
                     )
-                    .order_by(Run.created_at.desc())
+                    .order_by((Run.dataset_name == run.dataset_name).desc(), Run.created_at.desc())
                     .limit(200)
                 )
             )
@@ -203,7 +208,7 @@ def eval_page(
         other=other,
         other_summary=other_summary,
         compare=compare_ref,
-        choices=[(c[0], c[1]) for c in choices],
+        choices=[(c[0], c[1], c[2], c[2] == run.dataset_name) for c in choices],
         active=run.status in ACTIVE,
     )
 

@@ -53,6 +53,10 @@ def _when(value: object) -> str:
 def _duration(ms: object) -> str:
     if not isinstance(ms, int | float) or isinstance(ms, bool):
         return "—"
+    if ms < 1000:  # a sample's duration is often under a second: not "0s"
+        return f"{int(ms)} ms"
+    if ms < 10_000:
+        return f"{ms / 1000:.1f}s"
     seconds = int(ms) // 1000
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)

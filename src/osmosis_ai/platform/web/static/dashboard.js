@@ -37,6 +37,8 @@
 
   function duration(ms) {
     if (ms === null || ms === undefined) return "—";
+    if (ms < 1000) return Math.floor(ms) + " ms";
+    if (ms < 10000) return (ms / 1000).toFixed(1) + "s";
     const seconds = Math.floor(ms / 1000);
     const h = Math.floor(seconds / 3600), m = Math.floor((seconds % 3600) / 60), s = seconds % 60;
     const pad = function (v) { return String(v).padStart(2, "0"); };
