@@ -621,11 +621,18 @@ class _Holder:
         spec_fd = _spec_file(spec)
         try:
             fds = [spec_fd, *(_fileno(f) for f in stdio), reply_child.fileno()]
+            deadline = time.monotonic() + _ATTACH_TIMEOUT_SEC
             while True:
                 try:
                     socket.send_fds(self.control, [b"run"], fds)
                     break
                 except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        reply.close()
+                        raise SandboxError(
+                            f"the sandbox helper (pid {self.helper_pid}) took no command "
+                            f"for {_ATTACH_TIMEOUT_SEC:.0f} s"
+                        ) from None
                     await asyncio.sleep(0.005)
                 except OSError as exc:
                     reply.close()
@@ -1147,7 +1154,14 @@ class LocalSandboxEnvironment(BaseEnvironment):
             reply = await holder.start_command(spec, [in_file, out_file, err_file])
             files.callback(reply.close)
             loop = asyncio.get_running_loop()
-            word, _, value = (await loop.sock_recv(reply, 65536)).decode().partition(" ")
+            try:
+                started = await asyncio.wait_for(loop.sock_recv(reply, 65536), _ATTACH_TIMEOUT_SEC)
+            except TimeoutError:
+                raise SandboxError(
+                    f"sandbox {self.session_id}: the helper did not start the command within "
+                    f"{_ATTACH_TIMEOUT_SEC:.0f} s"
+                ) from None
+            word, _, value = started.decode().partition(" ")
             if word != "pid":
                 raise SandboxError(
                     f"sandbox {self.session_id}: the command could not start: "

@@ -56,7 +56,6 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000
-AT_RECURSIVE = 0x8000
 OPEN_TREE_CLONE = 1
 OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
@@ -468,7 +467,8 @@ def serve(control_fd: int, bwrap_pid: int, last_cap: int) -> None:
     trial ends.
 
     Every message on the control socket (SOCK_SEQPACKET) carries five descriptors: the
-    command's spec (a marshalled mapping of ``user``, ``cwd``, ``argv``, ``env``), its stdin,
+    command's spec (a marshalled mapping of ``user``, ``cwd``, ``argv``, ``env`` and
+    ``mkdirs``, folders to create instead of running ``argv``), its stdin,
     stdout and stderr, and a reply socket that gets ``pid N`` once the command runs (its pid
     on the host, a session of its own) and ``exit CODE`` when it ends (128 + signal when
     killed), or ``error TEXT`` if it could not start.
