@@ -123,7 +123,7 @@ def add_wait_argument(parser: Any, what: str) -> None:
         type=_seconds,
         metavar="SECONDS",
         help=f"wait until the {what} ends (finished, failed, stopped), at most SECONDS; "
-        "past that, exit 1 naming its status",
+        "exit 1 unless it finished, or at the deadline naming its status",
     )
 
 

@@ -85,7 +85,9 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         fields.append(("Tokens used", overview.get("tokens_used")))
     if written is not None:
         fields.append(("Metrics", str(written)))
-    return DetailResult(title="Eval run", data=data, fields=fields)
+    # --wait: the exit code says whether the run finished (a failed or stopped one exits 1)
+    failed = args.wait is not None and data.get("status") != "finished"
+    return DetailResult(title="Eval run", data=data, fields=fields, exit_code=int(failed))
 
 
 def _rows_text(results: object, config: object) -> str | None:

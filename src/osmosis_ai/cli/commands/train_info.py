@@ -78,8 +78,13 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         "metrics_path": None if written is None else str(written),
         **context,
     }
+    # --wait: the exit code says whether the run finished (a failed or stopped one exits 1)
+    failed = args.wait is not None and status != "finished"
     return DetailResult(
-        title="Training run", data=data, fields=_fields(run, body, export, checkpoints, written)
+        title="Training run",
+        data=data,
+        fields=_fields(run, body, export, checkpoints, written),
+        exit_code=int(failed),
     )
 
 
