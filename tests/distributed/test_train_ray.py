@@ -203,13 +203,18 @@ def on_fleet(address: str, root: Path, name: str, **extra: object) -> TrainRunOp
 
 def slow_rollout(root: Path) -> None:
     """The template's rollout, each rollout first waiting ``COPY_DIGIT_DELAY_S`` seconds (so a
-    step's rollouts are surely in flight when a server is killed)."""
+    step's rollouts are surely in flight when a server is killed), and while the file
+    ``COPY_DIGIT_GATE`` names exists (so a run waits for a change of the cluster however slow
+    the machine is)."""
     source = (root / "rollouts" / "copy-digit" / "main.py").read_text()
     call = "        completion = await post_json("
     assert call in source and "import os\n" in source
     slow = source.replace("import os\n", "import asyncio\nimport os\n").replace(
         call,
         "        await asyncio.sleep(float(os.environ.get('COPY_DIGIT_DELAY_S', '0')))\n"
+        "        gate = os.environ.get('COPY_DIGIT_GATE')\n"
+        "        while gate and os.path.exists(gate):\n"
+        "            await asyncio.sleep(0.05)\n"
         "        print('slow rollout served', flush=True)\n" + call,
     )
     (root / "rollouts" / "copy-digit-slow").mkdir()
@@ -257,52 +262,71 @@ def test_a_rollout_server_killed_mid_step_loses_and_doubles_no_sample(
 def test_a_node_that_joins_gets_a_rollout_server_and_one_that_leaves_is_dropped(
     ray_cluster, tmp_path: Path, model_dir: Path
 ):
+    gate = tmp_path / "node-joining"  # step 3's rollouts wait while it exists
     config = SLOW_CONFIG.replace('"2"', '"1"').replace("total_epochs = 4", "total_epochs = 8")
+    config += f'COPY_DIGIT_GATE = "{gate}"\n'
     root = workspace(tmp_path, model_dir, "slow", config)
     slow_rollout(root)
     run_dir = root / ".osmosis" / "training" / "elastic"
     cluster = ray_cluster.cluster
     added: list[int] = []
     left = threading.Event()
+    threads: list[threading.Thread] = []
 
     def log() -> str:
         return (run_dir / "logs.txt").read_text()
 
-    def served_by_new_node() -> list[str]:
-        joined = re.search(
+    def joined() -> re.Match[str] | None:
+        return re.search(
             rf"rollout server (\d+) joined with its node: \S+ on node {NEW_NODE}", log()
         )
-        if joined is None:
+
+    def served_by_new_node() -> list[str]:
+        found = joined()
+        if found is None:
             return []
-        return re.findall(rf"\[rollout-server-{joined.group(1)}\] slow rollout served", log())
+        return re.findall(rf"\[rollout-server-{found.group(1)}\] slow rollout served", log())
+
+    def add_node() -> None:
+        try:
+            added.append(cluster.add_node(NEW_NODE))
+            deadline = time.monotonic() + 120
+            while joined() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            gate.unlink(missing_ok=True)  # the run goes on, with the new node's server
 
     def on_event(event: object) -> None:
         if not isinstance(event, StepEvent):
             return
-        if event.step == 2 and not added:
-            added.append(-1)
-            threading.Thread(target=lambda: added.append(cluster.add_node(NEW_NODE))).start()
+        if event.step == 2 and not threads:
+            gate.touch()
+            threads.append(threading.Thread(target=add_node, daemon=True))
+            threads[-1].start()
         # the node leaves once its server has served a step's rollouts
-        if len(added) == 2 and not left.is_set() and served_by_new_node():
+        if added and not left.is_set() and served_by_new_node():
             left.set()
-            threading.Thread(target=cluster.stop_node, args=(added[1],), daemon=True).start()
+            threading.Thread(target=cluster.stop_node, args=(added[0],), daemon=True).start()
 
     try:
         result = run_training(
             on_fleet(ray_cluster.address, root, "elastic", max_steps=14), on_event
         )
     finally:
-        if len(added) == 2:
-            cluster.stop_node(added[1])
-    assert len(added) == 2 and left.is_set(), "the node was not added and stopped in time"
+        for thread in threads:
+            thread.join(timeout=180)
+        gate.unlink(missing_ok=True)
+        if added:
+            cluster.stop_node(added[0])  # (the session's other tests expect two nodes)
+    assert added and left.is_set(), "the node was not added and stopped in time"
     assert result.status == "success" and result.steps_done == 14
     records = metrics(run_dir)
     assert [r["rollouts"] for r in records] == [16] * 14  # none lost, none counted twice
     assert all(r["failed_rollouts"] == 0 for r in records), records
     text = log()
-    joined = re.search(rf"rollout server (\d+) joined with its node: \S+ on node {NEW_NODE}", text)
-    assert joined is not None, text[-3000:]
-    server = joined.group(1)
+    found = joined()
+    assert found is not None, text[-3000:]
+    server = found.group(1)
     served = served_by_new_node()
     assert served, "the new node's server got no rollout"
     assert re.search(rf"rollout server {server} \(\S+, node {NEW_NODE}\) died", text)

@@ -91,8 +91,11 @@ def train_command(root: Path, name: str, *ray: str) -> list[str]:
 def test_an_infeasible_request_on_a_cluster_by_address_fails_at_once_in_the_cli(
     ray_cluster, quick: Path
 ):
+    nodes = ray_cluster.connection.nodes()
+    cpus = sum(float(n["Resources"].get("CPU", 0)) for n in nodes)
+    assert cpus < 16  # 16 trainer workers (one per completion of a step) cannot fit
     command = train_command(
-        quick, "too-big", "--ray", ray_cluster.address, "--trainer-workers", "4"
+        quick, "too-big", "--ray", ray_cluster.address, "--trainer-workers", "16"
     )
     command += ["--rollout-servers", "2", "--json"]
     began = time.monotonic()
@@ -111,10 +114,13 @@ def test_an_infeasible_request_on_a_cluster_by_address_fails_at_once_in_the_cli(
     envelope = json.loads(done.stderr.strip().splitlines()[-1])
     error = envelope["error"]
     assert error["details"]["error_type"] == "PlacementError", error
-    assert "4 trainer worker(s) × 1 CPU and 2 rollout server(s) × 0.25 CPU" in error["message"]
-    assert "2 node(s) with 4 CPU, 0 GPU in all" in error["message"]
+    message = error["message"]
+    assert "16 trainer worker(s) × 1 CPU and 2 rollout server(s) × 0.25 CPU" in message
+    assert f"{len(nodes)} node(s) with {cpus:g} CPU, 0 GPU in all" in message
     status = json.loads((quick / ".osmosis" / "training" / "too-big" / "run.json").read_text())
     assert status["status"] == "failed"
+    log = (quick / ".osmosis" / "training" / "too-big" / "logs.txt").read_text()
+    assert "starting 2 rollout server(s)" not in log  # it failed before placing anything
 
 
 @pytest.mark.ray
