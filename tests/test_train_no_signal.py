@@ -175,6 +175,18 @@ def test_a_step_with_a_signal_starts_the_count_again():
     watch.observe(6, groups=4, groups_without_signal=1, grad_norm=0, reward=0.3)  # zero grad
     assert watch.tripped and (watch.first_step, watch.last_step) == (4, 6)
     assert "steps 4-6" in watch.message() and "gradients were zero" in watch.message()
+    driver = SignalWatch(3)  # a Ray driver reads what its workers recorded
+    driver.recount(
+        [
+            {"step": 1, "steps_without_signal": 0, "training_reward": 0.4},
+            {"step": 2, "steps_without_signal": 1, "training_reward": 0.0},
+            {"step": 3, "steps_without_signal": 2, "training_reward": 0.0},
+            {"step": 4, "steps_without_signal": 3, "training_reward": 0.0},
+        ]
+    )
+    assert driver.tripped and (driver.first_step, driver.last_step) == (2, 4)
+    assert "3 consecutive steps (steps 2-4)" in driver.message()
+    assert "mean reward 0.000" in driver.message()
     off = SignalWatch(0)
     for step in range(1, 50):
         flat(off, step)

@@ -157,6 +157,8 @@ class _Run:
                 raise
         error = error_message = None
         if status == NO_LEARNING_SIGNAL:
+            if not self.signal.streak:  # a Ray driver: the trainer workers watched
+                self.signal.recount(self.rundir.read_metrics())
             status, error, error_message = "failed", NO_LEARNING_SIGNAL, self.signal.message()
             self.journal.error("run", f"training failed: {error_message}", code=error)
             self.rundir.set_status(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -129,6 +129,19 @@ class SignalWatch:
         if isinstance(reward, int | float) and math.isfinite(reward):
             self._rewards.append(float(reward))
         return True
+
+    def recount(self, records: Sequence[Mapping[str, object]]) -> None:
+        """Take the streak from the run's ``metrics.jsonl`` records (``steps_without_signal``):
+        a Ray driver, whose trainer workers did the watching."""
+        last = records[-1] if records else {}
+        streak, step = last.get("steps_without_signal"), last.get("step")
+        if not (isinstance(streak, int) and isinstance(step, int) and streak > 0):
+            return
+        self.streak, self.last_step, self.first_step = streak, step, step - streak + 1
+        rewards = (r.get("training_reward") for r in records[-streak:])
+        self._rewards = [
+            float(r) for r in rewards if isinstance(r, int | float) and math.isfinite(r)
+        ]
 
     def message(self) -> str:
         """Why the run failed and what to try."""
