@@ -95,6 +95,7 @@ def seed_training(
     logs: int = 5,
     no_signal: int = 0,
     warnings: tuple[str, ...] = (),
+    error: str | None = None,
 ) -> Seeded:
     """A training run with ``steps`` steps of the metrics a GRPO run logs: the six overview
     charts and the trainer's others (loss, grad norm, learning rate, KL, clip ratio, throughput,
@@ -113,6 +114,8 @@ def seed_training(
             total_steps=total_steps or steps,
             examples_processed_count=steps * 8,
             training_config={"lr": 1e-5, "n_samples_per_prompt": 8, "notes": name},
+            error=error,
+            reward=reward_at(steps, steps) if steps else None,
             completed_at=now if status in ("finished", "failed", "stopped") else None,
         )
         db.add(run)
@@ -279,6 +282,8 @@ def seed_eval(
             dataset_name=dataset,
             completed_at=now if status != "running" else None,
             examples_processed_count=samples * n,
+            current_step=samples * n,
+            total_steps=samples * n,
         )
         db.add(run)
         db.flush()
@@ -314,6 +319,8 @@ def seed_eval(
                 )
         for chunk in range(0, len(rows), 5000):
             db.execute(insert(RunSample), rows[chunk : chunk + 5000])
+        passed = sum(1 for r in rows if r["reward"] == 1.0)
+        run.results = {"pass_rate": passed / len(rows) if rows else 0.0, "passed": passed}
         db.add(
             RunLog(run_id=run.id, timestamp=now, level="info", step="eval", message="eval started")
         )

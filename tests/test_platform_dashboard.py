@@ -444,6 +444,43 @@ async def test_eval_failed_card_matches_the_failures_filter_and_compare_prefers_
     assert 'data-test="no-results"' in failed_page and "0.0%" not in failed_page
 
 
+async def test_runs_list_shows_duration_result_progress_and_why_a_run_failed(world):
+    harness, alice = world["harness"], world["alice"]
+    ws = _ws_id(harness, WS)
+    evaluation = seed_eval(harness.platform, ws, alice.user_id, name="list-eval", samples=9)
+    broken = seed_training(
+        harness.platform,
+        ws,
+        alice.user_id,
+        name="list-broken",
+        steps=4,
+        total_steps=10,
+        status="failed",
+        error="NoLearningSignalError: no learning signal for 3 steps in a row",
+    )
+    async with harness.client() as client:
+        await sign_in(client, alice)
+        page = (await client.get(f"{BASE}/runs")).text
+        status = (
+            await client.get(f"{BASE}/runs/status.json?ids={evaluation.id},{broken.id}")
+        ).json()
+
+    def row(run_id: str) -> str:
+        start = page.index(f'data-run-id="{run_id}"')
+        return page[start : page.index("</tr>", start)]
+
+    eval_row, training_row = row(evaluation.id), row(broken.id)
+    assert "66.7%" in eval_row and "pass rate" in eval_row  # rows 0, 3, 6 of 9 score 0
+    assert "9 / 9" in eval_row and "(100%)" in eval_row
+    assert "4 / 10" in training_row and "(40%)" in training_row
+    assert "50m 00s" in eval_row  # started 50 minutes before completion
+    assert 'data-test="run-failure"' in training_row and "NoLearningSignalError" in training_row
+    assert 'data-test="run-failure"' not in eval_row
+    assert status[broken.id]["progress"] == {"done": 4, "total": 10, "percent": 40}
+    assert status[evaluation.id]["result_kind"] == "pass rate"
+    assert status[broken.id]["error"].startswith("NoLearningSignalError")
+
+
 def test_sample_durations_under_a_second_are_not_zero():
     from osmosis_ai.platform.web.render import environment
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -252,8 +253,42 @@ def _options(db: Session, workspace_id: str) -> dict[str, list[tuple[str, str]]]
     }
 
 
-def run_row(run: Run, creators: Mapping[str, runs.Person]) -> dict[str, object]:
+def run_progress(run: Run) -> dict[str, object]:
+    """Progress read the same for either kind: done of total work (training steps, eval work
+    items), with the percentage when the total is known."""
+    done = run.current_step
+    if done is None and run.kind == "eval":
+        done = run.examples_processed_count
+    total = run.total_steps
+    percent = min(100, round(100 * done / total)) if done is not None and total else None
+    return {"done": done, "total": total, "percent": percent}
+
+
+def run_result(run: Run) -> tuple[str, float | None]:
+    """What a run reached: an eval's pass rate (from its results), a training's latest reward."""
+    if run.kind == "eval":
+        rate = (run.results or {}).get("pass_rate")
+        if isinstance(rate, int | float) and not isinstance(rate, bool):
+            return "pass rate", float(rate)
+    return "reward", run.reward
+
+
+def run_duration_ms(run: Run, now: datetime) -> int | None:
+    if run.started_at is None:
+        return None
+    started = (
+        run.started_at.replace(tzinfo=UTC) if run.started_at.tzinfo is None else run.started_at
+    )
+    end = run.completed_at or now
+    end = end.replace(tzinfo=UTC) if end.tzinfo is None else end
+    return max(0, round((end - started).total_seconds() * 1000))
+
+
+def run_row(
+    run: Run, creators: Mapping[str, runs.Person], now: datetime | None = None
+) -> dict[str, object]:
     person = creators.get(run.creator_id or "")
+    result_kind, result = run_result(run)
     return {
         "id": run.id,
         "kind": run.kind,
@@ -270,6 +305,11 @@ def run_row(run: Run, creators: Mapping[str, runs.Person]) -> dict[str, object]:
         "started_at": run.started_at,
         "creator": person.name if person else "—",
         "active": run.status in ACTIVE,
+        "progress": run_progress(run),
+        "result_kind": result_kind,
+        "result": result,
+        "duration_ms": run_duration_ms(run, now) if now is not None else None,
+        "error": run.error if run.status in ("failed", "crashed", "error") else None,
     }
 
 
@@ -290,7 +330,8 @@ def runs_page(workspace_name: str, request: Request, platform: PlatformDep) -> R
         found = found[:RUNS_PAGE]
         creators = runs.people(db, found)
         options = _options(db, page.workspace.id)
-    rows = [run_row(r, creators) for r in found]
+    now = platform.now()
+    rows = [run_row(r, creators, now) for r in found]
     return page.render(
         "runs.html",
         "runs",
@@ -312,10 +353,16 @@ def runs_status(workspace_name: str, request: Request, platform: PlatformDep) ->
     ids = [i for i in request.query_params.get("ids", "").split(",") if i][:500]
     with platform.read() as db:
         found = db.scalars(select(Run).where(Run.workspace_id == workspace.id, Run.id.in_(ids)))
+        now = platform.now()
         answer = {
             r.id: {
                 "status": r.status,
                 "reward": r.reward,
+                "result_kind": run_result(r)[0],
+                "result": run_result(r)[1],
+                "progress": run_progress(r),
+                "duration_ms": run_duration_ms(r, now),
+                "error": r.error,
                 "step": r.current_step,
                 "total_steps": r.total_steps,
                 "processed": r.examples_processed_count,

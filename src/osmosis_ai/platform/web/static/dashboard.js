@@ -71,11 +71,15 @@
             const state = states[row.dataset.runId];
             if (!state) return;
             setStatus(row.querySelector("[data-field='status']"), state.status);
-            row.querySelector("[data-field='reward']").textContent = number(state.reward);
+            const result = row.querySelector("[data-field='reward']");
+            result.textContent = state.result === null ? "—"
+              : (state.result_kind === "pass rate" ? (state.result * 100).toFixed(1) + "%" : number(state.result)) +
+                " " + state.result_kind;
             const progress = row.querySelector("[data-field='progress']");
-            progress.textContent = state.total_steps !== null || state.step !== null
-              ? number(state.step) + " / " + number(state.total_steps)
-              : number(state.processed);
+            const p = state.progress;
+            progress.textContent = number(p.done) + " / " + number(p.total) +
+              (p.percent === null ? "" : " (" + p.percent + "%)");
+            row.querySelector("[data-field='duration']").textContent = duration(state.duration_ms);
             row.dataset.active = state.active ? "true" : "false";
           });
         })
