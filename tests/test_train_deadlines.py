@@ -208,15 +208,12 @@ def test_a_generation_batch_that_keeps_the_model_fails_the_update_with_weight_sy
     policy = LocalPolicy(model_dir, seed=0)
     generating = threading.Event()
     release = threading.Event()
-    decoder = policy._decoder
-    run = decoder.run
 
-    def stuck(rows: Any) -> Any:  # a generation batch that does not end (a hung kernel)
+    def stuck(module: Any, args: Any) -> None:  # a forward pass that does not end (a hung kernel)
         generating.set()
         release.wait()
-        return run(rows)
 
-    monkeypatch.setattr(decoder, "run", stuck)
+    hook = policy.model.register_forward_pre_hook(stuck)
     caller = threading.Thread(target=policy.chat, args=({"messages": USER, "max_tokens": 2},))
     caller.start()
     try:
@@ -232,6 +229,7 @@ def test_a_generation_batch_that_keeps_the_model_fails_the_update_with_weight_sy
     finally:
         release.set()
         caller.join(30)
+        hook.remove()
     assert "could not be updated" in str(caught.value) and policy.version == 0
     with policy.updating(1):  # the batch ended: the update goes through
         pass
