@@ -143,7 +143,8 @@ def hidden_home() -> Iterator[Path]:
 def host_marker() -> Iterator[tuple[int, str]]:
     """A host process the trial must neither see nor signal: (pid, marker in its argv)."""
     marker = f"osmosis-host-marker-{uuid.uuid4().hex}"
-    process = subprocess.Popen(["/bin/sh", "-c", "sleep 300", marker])
+    # one process (no shell child left behind when it is killed), the marker in its argv
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker])
     try:
         yield process.pid, marker
     finally:
