@@ -408,7 +408,18 @@ def test_deploy_a_checkpoint_and_see_it_active(page: Watched, world: dict[str, A
     with world["harness"].platform.read() as db:
         states = dict(db.execute(select(Model.name, Model.deployment_status)).all())
     assert list(states.values()).count("active") == 1
+    # undeploy asks first: Cancel keeps the deployment, Yes ends it
     p.click("[data-test=undeploy-model]")
+    prompt = p.locator("[data-test=confirm-prompt]")
+    assert "Undeploy" in prompt.inner_text() and "Requests to it will fail" in prompt.inner_text()
+    page.shot("11-models-undeploy-confirm")
+    p.click("[data-test=confirm-cancel]")
+    assert prompt.count() == 0
+    with world["harness"].platform.read() as db:
+        states = dict(db.execute(select(Model.name, Model.deployment_status)).all())
+    assert list(states.values()).count("active") == 1
+    p.click("[data-test=undeploy-model]")
+    p.click("[data-test=confirm-yes]")
     p.wait_for_selector("[data-test=lora-row] [data-test=undeploy-model]", state="detached")
 
 

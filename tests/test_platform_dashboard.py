@@ -481,6 +481,33 @@ async def test_runs_list_shows_duration_result_progress_and_why_a_run_failed(wor
     assert status[broken.id]["error"].startswith("NoLearningSignalError")
 
 
+async def test_models_page_says_lora_only_for_adapters_and_shows_base_paths(world, tmp_path):
+    harness, alice, training = world["harness"], world["alice"], world["training"]
+    adapter, full = tmp_path / "adapter", tmp_path / "full"
+    adapter.mkdir()
+    full.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    (full / "config.json").write_text('{"model_type": "qwen3"}')
+    with harness.platform.transaction() as db:
+        trained = list(db.scalars(select(Model).where(Model.training_run_id == training.id)))
+        by_step = {m.checkpoint_step: m for m in trained}
+        by_step[30].path, by_step[60].path = str(adapter), str(full)
+        db.add(Model(kind="base", name="qwen-small", path="/srv/models/Qwen3-0.6B"))
+    async with harness.client() as client:
+        await sign_in(client, alice)
+        page = (await client.get(BASE + "/models")).text
+
+    def row(name: str) -> str:
+        start = page.index(f'data-model="{name}"')
+        return page[start : page.index("</tr>", start)]
+
+    assert "Trained models (LoRA)" not in page
+    assert "LoRA adapter" in row(by_step[30].name) and "full weights" not in row(by_step[30].name)
+    assert "full weights" in row(by_step[60].name) and "LoRA" not in row(by_step[60].name)
+    assert "Qwen/Qwen3-0.6B" in row(by_step[60].name)  # the base the run trained from
+    assert "<code>/srv/models/Qwen3-0.6B</code>" in page  # a base model's real path
+
+
 def test_sample_durations_under_a_second_are_not_zero():
     from osmosis_ai.platform.web.render import environment
 

@@ -11,11 +11,14 @@ signed URLs, the browser PUTs the file (in parts when large) straight to ``/obje
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, BackgroundTasks, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep
@@ -29,6 +32,7 @@ from osmosis_ai.platform.store.orm import (
     DatasetLog,
     Membership,
     Model,
+    Run,
     Secret,
     Token,
     User,
@@ -264,6 +268,7 @@ def models_page(workspace_name: str, request: Request, platform: PlatformDep) ->
         run_names = models.training_run_names(db, lora)
         deployers = models.deployer_names(db, lora)
         active = models.active_deployments(db, page.workspace.id)
+        base_paths = _base_paths(db, lora)
     return page.render(
         "models.html",
         "models",
@@ -275,7 +280,35 @@ def models_page(workspace_name: str, request: Request, platform: PlatformDep) ->
         quota=deployments.max_active_deployments(),
         serving_url=deployments.serving_base_url(platform.settings.public_url),
         is_active=deployments.is_active,
+        weights={m.id: checkpoint_kind(m.path) for m in lora},
+        base_paths=base_paths,
     )
+
+
+def checkpoint_kind(path: str | None) -> str | None:
+    """``lora`` for an adapter folder (``adapter_config.json``), ``full`` for a whole model
+    (a full fine-tune, or LoRA merged into its weights), ``None`` when the folder is not here."""
+    if not path:
+        return None
+    folder = Path(path)
+    try:
+        if (folder / "adapter_config.json").is_file():
+            return "lora"
+        if (folder / "config.json").is_file():
+            return "full"
+    except OSError:
+        return None
+    return None
+
+
+def _base_paths(db: Session, trained: Sequence[Model]) -> dict[str, str]:
+    """Each trained model's base model as its training run loaded it (the run's model path)."""
+    ids = {m.training_run_id for m in trained if m.training_run_id}
+    if not ids:
+        return {}
+    found = db.execute(select(Run.id, Run.model_path).where(Run.id.in_(ids)))
+    paths = {run_id: model_path for run_id, model_path in found}
+    return {m.id: paths[m.training_run_id] for m in trained if m.training_run_id in paths}
 
 
 # --- secrets ---------------------------------------------------------------------------------

@@ -58,6 +58,36 @@
     switcher.addEventListener("change", function () { window.location.assign(switcher.value); });
   }
 
+  // --- a form that asks first (undeploy): an inline question, not a browser dialog ----------
+  document.querySelectorAll("form[data-confirm]").forEach(function (form) {
+    form.addEventListener("submit", function (event) {
+      if (form.dataset.confirmed === "true") return;
+      event.preventDefault();
+      if (form.querySelector(".confirm")) return;
+      const ask = document.createElement("span");
+      ask.className = "confirm";
+      ask.setAttribute("data-test", "confirm-prompt");
+      ask.textContent = form.dataset.confirm + " ";
+      const yes = document.createElement("button");
+      yes.type = "button";
+      yes.textContent = "Yes, undeploy";
+      yes.setAttribute("data-test", "confirm-yes");
+      const no = document.createElement("button");
+      no.type = "button";
+      no.textContent = "Cancel";
+      no.setAttribute("data-test", "confirm-cancel");
+      yes.addEventListener("click", function () {
+        form.dataset.confirmed = "true";
+        form.submit();
+      });
+      no.addEventListener("click", function () { ask.remove(); });
+      ask.appendChild(yes);
+      ask.appendChild(document.createTextNode(" "));
+      ask.appendChild(no);
+      form.appendChild(ask);
+    });
+  });
+
   // --- runs list: live status ------------------------------------------------------------------
   const runsTable = document.getElementById("runs-table");
   if (runsTable) {
