@@ -22,23 +22,25 @@ import torch
 
 from osmosis_ai.controller.policy import LocalPolicy
 from osmosis_ai.train import engine
-from osmosis_ai.train.demo import setup_workspace
+from osmosis_ai.train.demo import lora_config, setup_workspace
 from osmosis_ai.train.plan import TrainPlan, TrainRunOptions, build_plan
 from osmosis_ai.train.tiny_model import build_tiny_model
 
-CONFIG = Path("configs") / "training" / "copy-digit.toml"
+CONFIG = Path("configs") / "training" / "copy-digit-lora.toml"
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The copy-digit template with ``[lora] enabled = true`` as its only change."""
+    """The copy-digit template with ``[lora] enabled = true`` as its only change (the
+    config ``python -m osmosis_ai.train.demo --lora`` trains)."""
     root = tmp_path_factory.mktemp("lora-workspace")
     setup_workspace(root)
     build_tiny_model(root / "models" / "tiny")
-    config = root / CONFIG
-    text = config.read_text()
-    assert "\nenabled = false\n" in text
-    config.write_text(text.replace("\nenabled = false\n", "\nenabled = true\n"))
+    template = (root / "configs" / "training" / "copy-digit.toml").read_text()
+    assert lora_config(root) == root / CONFIG
+    lines = (root / CONFIG).read_text().splitlines()
+    changed = [(a, b) for a, b in zip(template.splitlines(), lines, strict=True) if a != b]
+    assert changed == [("enabled = false", "enabled = true")]
     return root
 
 

@@ -2,7 +2,8 @@
 workspace, build the tiny model, then train it through the full path (rollout server,
 protocol, policy proxy, grader, TRL) with a warm-up and validation before and after.
 
-``python -m osmosis_ai.train.demo [DIR]`` (or ``osmosis train run --demo``).
+``python -m osmosis_ai.train.demo [DIR] [--lora]`` (or ``osmosis train run --demo``);
+``--lora`` trains a LoRA adapter in GRPO, from the template's config with ``[lora] enabled``.
 """
 
 from __future__ import annotations
@@ -50,18 +51,34 @@ def setup_workspace(directory: Path, name: str = TEMPLATE) -> list[str]:
     return list(applied.files_written)
 
 
+def lora_config(workspace: Path) -> Path:
+    """The template's training config with ``[lora] enabled = true``, written beside it
+    (left alone when it exists: it may be the user's own by now)."""
+    source = workspace / "configs" / "training" / f"{TEMPLATE}.toml"
+    target = source.with_name(f"{TEMPLATE}-lora.toml")
+    if not target.exists():
+        text = source.read_text()
+        if "\nenabled = false\n" not in text:
+            raise UsageError(f"{source} has no '[lora] enabled = false' line to turn on")
+        target.write_text(text.replace("\nenabled = false\n", "\nenabled = true\n"))
+    return target
+
+
 def run_demo(
     directory: Path,
     options: TrainRunOptions | None = None,
     on_event: EventSink | None = None,
+    *,
+    lora: bool = False,
 ) -> DemoResult:
-    """Set up ``directory`` (created if missing) and train the copy-digit demo in it.
-    ``options`` may tune the run (steps, threads, ...); its config and cwd are replaced."""
+    """Set up ``directory`` (created if missing) and train the copy-digit demo in it (a LoRA
+    adapter when ``lora``). ``options`` may tune the run (steps, threads, ...); its config and
+    cwd are replaced."""
     from osmosis_ai.train import engine
     from osmosis_ai.train.runner import run_training
     from osmosis_ai.train.tiny_model import build_tiny_model
 
-    engine.require_train_extra()
+    engine.require_train_extra(lora=lora)
     engine.quiet()
     emit: EventSink = on_event or (lambda _event: None)
     workspace = directory.expanduser().resolve()
@@ -74,7 +91,9 @@ def run_demo(
     base = options or TrainRunOptions(config_path=Path())
     tuned = dataclasses.replace(
         base,
-        config_path=workspace / "configs" / "training" / f"{TEMPLATE}.toml",
+        config_path=lora_config(workspace)
+        if lora
+        else workspace / "configs" / "training" / f"{TEMPLATE}.toml",
         cwd=workspace,
         eval_samples=max(base.eval_samples, DEMO_EVAL_SAMPLES),
         torch_threads=base.torch_threads or DEMO_THREADS,
@@ -90,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m osmosis_ai.train.demo", description=__doc__)
     parser.add_argument("directory", nargs="?", type=Path, default=Path("osmosis-demo"))
     parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--lora", action="store_true", help="train a LoRA adapter in GRPO")
     args = parser.parse_args(argv)
 
     def show(event: TrainEvent) -> None:
@@ -107,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{type(event).__name__.removesuffix('Event').lower()}: {event}", flush=True)
 
     options = TrainRunOptions(config_path=Path(), max_steps=args.max_steps)
-    result = run_demo(args.directory, options, show).training
+    result = run_demo(args.directory, options, show, lora=args.lora).training
     print("\n".join(text_chart(result.rewards)))
     print(
         f"{result.status}: {result.steps_done} steps in {result.duration_ms / 1000:.0f}s, "
