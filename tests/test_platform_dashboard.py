@@ -711,7 +711,20 @@ async def test_a_dataset_uploaded_the_way_the_browser_does_is_processed(world):
             headers={"X-CSRF-Token": token},
         )
         assert done.status_code == 200, done.text
+        user = seed_eval(
+            harness.platform, _ws_id(harness, WS), alice.user_id, name="on-sums", dataset="sums"
+        )
         detail = (await client.get(f"{BASE}/datasets/{started.json()['id']}")).text
+        # the download button: a redirect to the signed URL, which answers the file's bytes
+        link = re.search(r'href="([^"]+/download)"[^>]*data-test="dataset-download"', detail)
+        assert link, detail
+        redirect = await client.get(link.group(1))
+        assert redirect.status_code == 303 and redirect.headers["location"].startswith("/")
+        fetched = await client.get(redirect.headers["location"])
+        assert fetched.status_code == 200 and fetched.content == body
+    # the runs that used it, linked; the other runs (another dataset) are not listed
+    assert 'data-test="dataset-runs"' in detail and f"/evals/{user.id}" in detail
+    assert detail.count('data-test="dataset-run"') == 1
     assert 'data-test="dataset-rows">5<' in detail
     assert "3+3" in detail and 'data-test="dataset-logs"' in detail
     with harness.platform.read() as db:

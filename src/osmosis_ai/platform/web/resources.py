@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, BackgroundTasks, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -85,6 +86,17 @@ def dataset_page(
                 )
             )
             creator = dataset_service.creator_names(db, [dataset]).get(dataset.creator_id or "")
+            used_by = list(
+                db.execute(
+                    select(Run.id, Run.kind, Run.name, Run.status, Run.created_at)
+                    .where(
+                        Run.workspace_id == page.workspace.id,
+                        Run.dataset_name == dataset.file_name,
+                    )
+                    .order_by(Run.created_at.desc())
+                    .limit(LIST_LIMIT)
+                )
+            )
     except PlatformError as exc:
         return page.error(exc)
     preview = dataset.data_preview or []
@@ -101,6 +113,33 @@ def dataset_page(
         cells=cells,
         logs=logs,
         processing=dataset.status in ("uploading", "pending", "processing"),
+        used_by=used_by,
+    )
+
+
+@router.get("/w/{workspace_name}/datasets/{dataset_id}/download")
+def dataset_download(
+    workspace_name: str, dataset_id: str, request: Request, platform: PlatformDep
+) -> Response:
+    """The dataset's file: a redirect to its signed download URL on this server (the path and
+    query only, so it works whatever address the server names itself by)."""
+    page = open_page(request, platform, workspace_name)
+    if not isinstance(page, Page):
+        return page
+    try:
+        with platform.read() as db:
+            found = dataset_service.download_dataset(
+                db,
+                page.workspace,
+                dataset_id,
+                signer=url_signer(platform),
+                base_url=platform.settings.public_url,
+            )
+    except PlatformError as exc:
+        return page.error(exc)
+    signed = urlsplit(found.presigned_url)
+    return RedirectResponse(
+        f"{signed.path}?{signed.query}" if signed.query else signed.path, status_code=303
     )
 
 
