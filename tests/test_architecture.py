@@ -16,7 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "consts": set(),
     "lazy": set(),
     "deadlines": {"errors"},
-    "rollout": {"lazy", "errors", "consts"},
+    "rollout": {"lazy", "deadlines", "errors", "consts"},
     "workspace": {"lazy", "errors", "consts"},
     "tracking": {"errors"},
     "controller": {"lazy", "rollout", "deadlines", "errors", "consts"},

@@ -108,12 +108,17 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode
 
+from osmosis_ai.deadlines import SANDBOX_READY, SANDBOX_TEARDOWN, SANDBOX_TRANSFER
+from osmosis_ai.errors import DeadlineError
+
 __all__ = [
     "SANDBOX_IMPORT_PATH",
     "Endpoint",
     "LocalSandboxEnvironment",
     "SandboxError",
+    "SandboxStartTimeoutError",
     "SandboxTimeoutError",
+    "SandboxTransferTimeoutError",
     "UnsupportedDockerfileError",
     "default_environment_config",
     "docker_engine_answers",
@@ -161,6 +166,16 @@ class SandboxError(RuntimeError):
 
 class SandboxTimeoutError(SandboxError):
     """A command ran past its timeout and was killed (its whole process group)."""
+
+
+class SandboxStartTimeoutError(SandboxError, DeadlineError):
+    """The sandbox's holder did not signal ready within ``OSMOSIS_SANDBOX_READY_TIMEOUT_S``
+    (the sandbox is torn down)."""
+
+
+class SandboxTransferTimeoutError(SandboxTimeoutError, DeadlineError):
+    """A file transfer into or out of the sandbox ran past
+    ``OSMOSIS_SANDBOX_TRANSFER_TIMEOUT_S``; its copy was killed."""
 
 
 class UnsupportedDockerfileError(ValueError):
@@ -670,6 +685,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
     """
 
     _setup_lock: ClassVar[threading.Lock] = threading.Lock()
+    holder_command: ClassVar[tuple[str, ...]] = ("/bin/sh", "-c", "echo ready; read _")
+    """The process that holds the trial's namespaces: it says ``ready`` on its stdout, then
+    lives until the helper ends (reading its stdin)."""
 
     def __init__(
         self,
@@ -787,13 +805,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         with tempfile.TemporaryFile() as content:
-            result = await self._run(
+            result = await self._transfer(
+                f"download of {source_path} from",
                 f"test -f {shlex.quote(source_path)} && cat -- {shlex.quote(source_path)}",
-                cwd="/",
-                env=self._command_env(None),
-                timeout_sec=None,
-                user="root",
-                shell="/bin/sh",
                 stdout=content,
             )
             if result.return_code != 0:
@@ -805,13 +819,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         with tempfile.TemporaryFile() as archive:
-            result = await self._run(
+            result = await self._transfer(
+                f"download of {source_dir} from",
                 f"test -d {shlex.quote(source_dir)} && tar -C {shlex.quote(source_dir)} -cf - .",
-                cwd="/",
-                env=self._command_env(None),
-                timeout_sec=None,
-                user="root",
-                shell="/bin/sh",
                 stdout=archive,
             )
             if result.return_code != 0:
@@ -873,6 +883,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         return self.network_policy.network_mode
 
     def _start_holder(self) -> None:
+        ready_s = SANDBOX_READY.seconds()
         self._state_root.mkdir(parents=True, exist_ok=True)
         trial_dir = Path(
             tempfile.mkdtemp(prefix=f"{_safe(self.session_id)}-", dir=self._state_root)
@@ -886,10 +897,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
             "binds": binds,
             "bwrap": self._bwrap_command(),
             # the holder: keeps the namespaces alive until the helper ends
-            "command": ["/bin/sh", "-c", "echo ready; read _"],
+            "command": list(self.holder_command),
             "path": os.environ.get("PATH", BASE_PATH),
             "last_cap": _last_capability(),
-            "ready_timeout_ms": int(_ATTACH_TIMEOUT_SEC * 1000),
+            "ready_timeout_ms": max(1, int(ready_s * 1000)),
         }
         errors = trial_dir / "io" / "holder.err"
         control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -902,8 +913,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
         finally:
             control_child.close()
         holder = _Holder(helper_pid, os.pidfd_open(helper_pid), control)
+        waited = time.monotonic()
         try:
-            control.settimeout(_ATTACH_TIMEOUT_SEC + 5)
+            control.settimeout(ready_s + 5)
             answer = control.recv(65536).decode(errors="replace")
         except OSError as exc:
             answer = f"error {type(exc).__name__}: {exc}"
@@ -911,6 +923,13 @@ class LocalSandboxEnvironment(BaseEnvironment):
         if word != "ok":
             _end_holder(holder)
             detail = errors.read_text(errors="replace").strip()
+            if "was not ready within" in value or time.monotonic() - waited >= ready_s:
+                raise SANDBOX_READY.error(
+                    SandboxStartTimeoutError,
+                    f"sandbox {self.session_id}: its holder did not signal ready "
+                    f"({value or detail or 'no answer'})",
+                    ready_s,
+                )
             raise SandboxError(
                 f"the sandbox did not start: {value if word == 'error' else detail or 'no answer'}"
             )
@@ -1193,6 +1212,30 @@ class LocalSandboxEnvironment(BaseEnvironment):
             err_path.unlink(missing_ok=True)
         return ExecResult(stdout=out, stderr=err, return_code=code)
 
+    async def _transfer(
+        self, what: str, command: str, *, stdin: Any = None, stdout: Any = None
+    ) -> ExecResult:
+        """``command`` (a copy in or out) as root under ``/bin/sh``, within the sandbox
+        transfer deadline (``OSMOSIS_SANDBOX_TRANSFER_TIMEOUT_S``)."""
+        deadline = SANDBOX_TRANSFER.seconds()
+        try:
+            return await self._run(
+                command,
+                cwd="/",
+                env=self._command_env(None),
+                timeout_sec=deadline,
+                user="root",
+                shell="/bin/sh",
+                stdin=stdin,
+                stdout=stdout,
+            )
+        except SandboxTimeoutError:
+            raise SANDBOX_TRANSFER.error(
+                SandboxTransferTimeoutError,
+                f"{what} sandbox {self.session_id} did not finish (its copy was killed)",
+                deadline,
+            ) from None
+
     async def _upload_tar(
         self, entries: Sequence[tuple[Path, str]], target_dir: str, *, mode: str | None = None
     ) -> None:
@@ -1200,13 +1243,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
             await asyncio.to_thread(_write_tar, archive, entries, mode)
             archive.seek(0)
             quoted = shlex.quote(target_dir)
-            result = await self._run(
+            result = await self._transfer(
+                f"upload to {target_dir} in",
                 f"mkdir -p {quoted} && tar -C {quoted} -xf - --no-same-owner",
-                cwd="/",
-                env=self._command_env(None),
-                timeout_sec=None,
-                user="root",
-                shell="/bin/sh",
                 stdin=archive,
             )
         if result.return_code != 0:
@@ -1342,12 +1381,14 @@ def _end_holder(holder: _Holder) -> None:
     if holder.init_pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(holder.init_pid, signal.SIGKILL)
+    grace = SANDBOX_TEARDOWN.seconds()
     try:
-        if not select.select([holder.pidfd], [], [], _STOP_GRACE_SEC)[0]:
+        if not select.select([holder.pidfd], [], [], grace)[0]:
             _kill_group(holder.helper_pid)
-            if not select.select([holder.pidfd], [], [], _STOP_GRACE_SEC)[0]:
+            if not select.select([holder.pidfd], [], [], grace)[0]:
                 raise SandboxError(
-                    f"the sandbox helper (pid {holder.helper_pid}) did not end after SIGKILL"
+                    f"the sandbox helper (pid {holder.helper_pid}) did not end after SIGKILL "
+                    f"within {grace:g} s ({SANDBOX_TEARDOWN.setting})"
                 )
     finally:
         os.close(holder.pidfd)
