@@ -77,6 +77,8 @@ def base_model(record: Mapping[str, Any]) -> dict[str, object]:
 def lora_model(record: Mapping[str, Any]) -> dict[str, object]:
     """Deployment keys only when the platform sent them (inference available)."""
     data = pick(record, LORA_MODEL_KEYS)
+    if record.get("checkpoint_type") is not None:  # lora or full, where the platform says
+        data["checkpoint_type"] = record["checkpoint_type"]
     if "deployment_status" in record:
         data.update(pick(record, LORA_DEPLOYMENT_KEYS))
     data["created_at"] = record.get("created_at")

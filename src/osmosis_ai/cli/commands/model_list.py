@@ -77,6 +77,8 @@ def _lora(session: Session, limit: int, fetch_all: bool) -> tuple[ListResult, di
     page = session.client.fetch("/api/cli/models/lora", "models", limit=limit, fetch_all=fetch_all)
     quota: dict[str, object] = {}
     columns = list(LORA_COLUMNS)
+    if any(item.get("checkpoint_type") for item in page.items):  # a full checkpoint is no LoRA
+        columns.insert(1, Column("checkpoint_type", "Type"))
     if "active_deployments" in page.body:  # omitted when inference is unavailable
         quota = {
             "active_deployments": page.body.get("active_deployments", 0),
@@ -84,7 +86,7 @@ def _lora(session: Session, limit: int, fetch_all: bool) -> tuple[ListResult, di
         }
         columns.append(Column("deployment_status", "Deployment"))
     result = ListResult(
-        title="LoRA models",
+        title="Trained models",
         items=[records.lora_model(item) for item in page.items],
         total_count=page.total_count,
         has_more=page.has_more,

@@ -6,6 +6,7 @@ A thin layer over :mod:`osmosis_ai.platform.services.models` and
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -55,6 +56,8 @@ class LoraModelOut(WireModel):
     deployed_at: datetime | None = None
     deployed_by: str | None = None
     created_at: datetime
+    # "lora" (an adapter folder) or "full" (every weight); absent when the folder is gone
+    checkpoint_type: str | None = None
 
 
 class LoraModelDetailOut(LoraModelOut):
@@ -104,7 +107,20 @@ def _lora_out(model: Model, runs: dict[str, str], users: dict[str, str]) -> Lora
         deployed_at=model.deployed_at,
         deployed_by=users.get(model.deployed_by or ""),
         created_at=model.created_at,
+        checkpoint_type=checkpoint_type(model.path),
     )
+
+
+def checkpoint_type(path: str | None) -> str | None:
+    """``lora`` when the checkpoint folder holds an adapter, ``full`` when a whole model."""
+    if not path:
+        return None
+    folder = Path(path)
+    if (folder / "adapter_config.json").is_file():
+        return "lora"
+    if (folder / "config.json").is_file():
+        return "full"
+    return None
 
 
 @router.get("/base")
