@@ -203,3 +203,28 @@ def test_placeholder_envelopes(capsys, tmp_path):
     golden("eval_run_pending", invoke(capsys, "eval", "run", "c.toml", "--json"), tmp_path)
     golden("benchmark_list_platform", invoke(capsys, "benchmark", "list", "--json"), tmp_path)
     golden("unknown_command", invoke(capsys, "datset", "--json"), tmp_path)
+
+
+def test_every_command_takes_yes(capsys, tmp_path):
+    """-y/--yes is one of the parser's common options: in every command's help, accepted by
+    commands that never ask (a no-op), so a script can pass it everywhere."""
+    from osmosis_ai.cli import registry
+
+    for entry in registry.COMMANDS:
+        if entry.module in (registry.PENDING, registry.NEEDS_PLATFORM):
+            continue
+        outcome = invoke(capsys, *entry.path, "--help")
+        assert outcome.code == 0, entry.name
+        assert "-y, --yes" in outcome.out, entry.name
+    rows = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    for flag in ("-y", "--yes"):
+        outcome = invoke(capsys, "--json", "dataset", "validate", str(rows), flag)
+        assert outcome.code == 0, outcome.err
+        assert outcome.json()["data"]["valid"] is True
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_wait_takes_seconds_above_zero(capsys, value):
+    outcome = invoke(capsys, "--json", "eval", "info", "some-run", "--wait", value)
+    assert outcome.code == 2
+    assert f"--wait {value!r}" in outcome.error()["error"]["message"]

@@ -508,3 +508,45 @@ async def test_openai_async_client_streams_a_tool_call():
                 arguments += call.function.arguments or ""
         assert json.loads(arguments) == {"city": "Paris"}
         await client.close()
+
+
+# -- the multiply solver ------------------------------------------------------------------------
+
+MULTIPLY_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "parameters": {"type": "object", "properties": {"a": {}, "b": {}}},
+    },
+}
+
+
+def test_multiply_responder_calls_the_tool_then_answers_its_result():
+    from osmosis_ai.testing.model_server import multiply_responder
+
+    with ScriptedModelServer(responder=multiply_responder) as server:
+        prompt = user("val1 = 192.524\nval2 = -798.0")
+        with httpx.Client(base_url=server.base_url, timeout=10) as client:
+            first = client.post(
+                "/chat/completions", json=chat_body(prompt, tools=[MULTIPLY_TOOL])
+            ).json()["choices"][0]["message"]
+            [call] = first["tool_calls"]
+            assert call["function"]["name"] == "multiply"
+            assert json.loads(call["function"]["arguments"]) == {"a": 192.524, "b": -798.0}
+            tool = {"role": "tool", "tool_call_id": call["id"], "content": "-153634.152"}
+            second = client.post(
+                "/chat/completions",
+                json=chat_body([*prompt, first, tool], tools=[MULTIPLY_TOOL]),
+            ).json()["choices"][0]["message"]
+            assert second["content"].splitlines()[-1] == "#### -153634.1520"
+            plain = client.post("/chat/completions", json=chat_body(user("hello"))).json()
+            assert plain["choices"][0]["message"]["content"] == "ok"
+
+
+def test_the_cli_refuses_reply_and_solve_together():
+    done = subprocess.run(
+        [sys.executable, "-m", "osmosis_ai.testing.model_server", "--reply", "x", "--solve",
+         "multiply"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr
