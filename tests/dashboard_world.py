@@ -20,7 +20,14 @@ from osmosis_ai.platform import training_metrics
 from osmosis_ai.platform.api.deps import Platform
 from osmosis_ai.platform.api.objects import object_store
 from osmosis_ai.platform.services.training_results import register_checkpoint_model
-from osmosis_ai.platform.store.orm import Run, RunCheckpoint, RunLog, RunMetric, RunSample
+from osmosis_ai.platform.store.orm import (
+    Dataset,
+    Run,
+    RunCheckpoint,
+    RunLog,
+    RunMetric,
+    RunSample,
+)
 
 XSS = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -334,3 +341,40 @@ def seed_eval(
     store.put(f"{artifacts}/page.html", b"<html><script>alert(3)</script></html>")
     store.put(f"{artifacts}/plot.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 16)
     return seeded
+
+
+def seed_dataset(
+    platform: Platform,
+    workspace_id: str,
+    creator_id: str,
+    *,
+    name: str = "multiply",
+    rows: int = 12,
+    preview: int = 5,
+) -> str:
+    """An uploaded ``.jsonl`` dataset whose row ``i`` asks for ``i`` times 2 and holds the
+    ground truth ``2i``; its stored preview keeps the first ``preview`` rows."""
+    from osmosis_ai.platform.services.datasets import object_key
+
+    records = [
+        {"user_prompt": f"What is {i} times 2?", "ground_truth": str(2 * i)} for i in range(rows)
+    ]
+    body = "".join(json.dumps(r) + "\n" for r in records).encode()
+    with platform.transaction() as db:
+        dataset = Dataset(
+            workspace_id=workspace_id,
+            file_name=name,
+            extension="jsonl",
+            file_size=len(body),
+            status="uploaded",
+            row_count=rows,
+            data_preview=records[:preview],
+            creator_id=creator_id,
+            file_format="jsonl",
+        )
+        db.add(dataset)
+        db.flush()
+        dataset.object_key = object_key(dataset)
+        key, dataset_id = dataset.object_key, dataset.id
+    object_store(platform).put(key, body)
+    return dataset_id

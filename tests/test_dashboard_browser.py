@@ -28,7 +28,14 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import insert, select
 
-from dashboard_world import TRAINING_CHARTS, XSS, reward_at, seed_eval, seed_training
+from dashboard_world import (
+    TRAINING_CHARTS,
+    XSS,
+    reward_at,
+    seed_dataset,
+    seed_eval,
+    seed_training,
+)
 from osmosis_ai.testing.serving import ServerThread, free_port
 from platform_support import Harness
 
@@ -89,7 +96,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         status="finished",
         checkpoints=(25, 50),
     )
-    live = seed_training(platform, workspace_id, alice.user_id, name="live-otter", steps=20)
+    live = seed_training(
+        platform,
+        workspace_id,
+        alice.user_id,
+        name="live-otter",
+        steps=20,
+        no_signal=4,
+        warnings=("step 17: no learning signal (every group's rewards are equal)",),
+    )
+    seed_dataset(platform, workspace_id, alice.user_id, rows=12, preview=5)
     evaluation = seed_eval(platform, workspace_id, alice.user_id, name="calm-heron", samples=12)
     hostile = seed_eval(
         platform, workspace_id, alice.user_id, name="odd-<b>magpie</b>", samples=3, hostile=True
@@ -388,6 +404,38 @@ def test_eval_run_filter_failures_and_read_why_a_sample_failed(
     page.shot("08-sample-failed")
 
 
+def test_a_sample_steps_to_its_neighbours_and_shows_the_expected_answer(
+    page: Watched, world: dict[str, Any]
+):
+    p = page.page
+    p.goto(f"{BASE}/evals/{world['eval'].id}/samples/4/0")
+    assert p.locator("[data-test=expected-answer]").inner_text() == "8"
+    assert p.locator("[data-test=model-answer]").inner_text() == "#### 8"
+    page.shot("12-sample-expected")
+    p.click("[data-test=sample-next]")
+    p.wait_for_url(re.compile(r"/samples/5/0$"))
+    assert p.locator("h1").inner_text() == "Row 5, run 0"
+    assert p.locator("[data-test=expected-answer]").inner_text() == "10"  # past the preview
+    p.click("[data-test=sample-previous]")
+    p.wait_for_url(re.compile(r"/samples/4/0$"))
+    p.goto(f"{BASE}/evals/{world['eval'].id}/samples/0/0")
+    assert p.locator("[data-test=sample-previous]").count() == 0
+    p.goto(f"{BASE}/evals/{world['eval'].id}/samples/11/0")
+    assert p.locator("[data-test=sample-next]").count() == 0
+
+
+def test_a_run_without_learning_signal_says_so_at_the_top(page: Watched, world: dict[str, Any]):
+    p = page.page
+    p.goto(f"{BASE}/trainings/{world['live'].id}")
+    p.wait_for_selector("#training[data-loaded='true']")
+    notice = p.locator("[data-test=notice-no-signal]")
+    assert "last 4 steps" in notice.inner_text()
+    assert p.locator("[data-test=notice-warning]").count() == 1
+    top = p.locator("[data-test=run-notices]").bounding_box()
+    charts = p.locator("[data-test=chart-training_reward]").bounding_box()
+    assert top is not None and charts is not None and top["y"] < charts["y"]
+
+
 def test_deploy_a_checkpoint_and_see_it_active(page: Watched, world: dict[str, Any]):
     from osmosis_ai.platform.store.orm import Model
 
@@ -438,9 +486,13 @@ def test_upload_a_dataset_from_the_browser(page: Watched, tmp_path: Path):
     assert p.locator("[data-test=dataset-name]").inner_text().startswith("sums")
     assert p.locator("[data-test=dataset-rows]").inner_text() == "7"
     assert "6+6" in p.locator("[data-test=dataset-preview]").inner_text()
-    page.shot("12-dataset")
+    page.shot("13-dataset")
+    # the download button answers the uploaded bytes
+    with p.expect_download() as waiting:
+        p.click("[data-test=dataset-download]")
+    assert Path(waiting.value.path()).read_text() == body
     p.click("[data-test=nav-datasets]")
-    assert p.locator("[data-test=dataset-row]").count() == 1
+    assert p.locator("[data-test=dataset-row]").count() == 2  # and the world's multiply
 
 
 def test_html_and_script_in_a_trajectory_render_as_text(page: Watched, world: dict[str, Any]):

@@ -12,7 +12,14 @@ from urllib.parse import quote, urlsplit
 import pytest
 from sqlalchemy import select
 
-from dashboard_world import TRAINING_CHARTS, XSS, reward_at, seed_eval, seed_training
+from dashboard_world import (
+    TRAINING_CHARTS,
+    XSS,
+    reward_at,
+    seed_dataset,
+    seed_eval,
+    seed_training,
+)
 from osmosis_ai.platform.store.orm import Dataset, Model
 from osmosis_ai.platform.web.charts import histogram, lttb
 from platform_support import Harness
@@ -506,6 +513,23 @@ async def test_models_page_says_lora_only_for_adapters_and_shows_base_paths(worl
     assert "full weights" in row(by_step[60].name) and "LoRA" not in row(by_step[60].name)
     assert "Qwen/Qwen3-0.6B" in row(by_step[60].name)  # the base the run trained from
     assert "<code>/srv/models/Qwen3-0.6B</code>" in page  # a base model's real path
+
+
+async def test_a_sample_shows_its_rows_expected_answer_beside_the_models(world):
+    harness, alice, evaluation = world["harness"], world["alice"], world["eval"]
+    seed_dataset(harness.platform, _ws_id(harness, WS), alice.user_id, rows=30, preview=5)
+    async with harness.client() as client:
+        await sign_in(client, alice)
+        in_preview = (await client.get(f"{BASE}/evals/{evaluation.id}/samples/4/1")).text
+        from_file = (await client.get(f"{BASE}/evals/{evaluation.id}/samples/17/0")).text
+        first = (await client.get(f"{BASE}/evals/{evaluation.id}/samples/0/0")).text
+    expected = re.compile(r'data-test="expected-answer">([^<]*)<')
+    model = re.compile(r'data-test="model-answer">([^<]*)<')
+    assert expected.findall(in_preview) == ["8"] and model.findall(in_preview) == ["#### 8"]
+    assert expected.findall(from_file) == ["34"]  # row 17: past the preview, read from the file
+    # previous / next step through (row, run) in order; the first sample has no previous
+    assert "/samples/4/0" in in_preview and "/samples/5/0" in in_preview
+    assert 'data-test="sample-previous"' not in first and "/samples/0/1" in first
 
 
 def test_sample_durations_under_a_second_are_not_zero():

@@ -21,8 +21,9 @@ from osmosis_ai.platform.errors import InvalidRequest, NotFound, PlatformError
 from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, ObjectStore, check_key
 from osmosis_ai.platform.services import runs
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
+from osmosis_ai.platform.services.datasets import object_key as dataset_object_key
 from osmosis_ai.platform.services.eval_results import duration_ms, evaluation_settings, run_prefix
-from osmosis_ai.platform.store.orm import Run, RunSample
+from osmosis_ai.platform.store.orm import Dataset, Run, RunSample
 from osmosis_ai.platform.web import charts
 from osmosis_ai.platform.web.dashboard import ACTIVE, Page, open_data, open_page
 
@@ -38,6 +39,7 @@ SORTS = {
 }
 SHOWS = ("all", "failures", "errors", "passed")
 MAX_TRAJECTORY_BYTES = 8 * 1024 * 1024
+MAX_EXPECTED_ROW = 200_000  # past this row the expected answer is not read from the file
 MAX_MESSAGE_CHARS = 100_000
 PREVIEW_BYTES = 64 * 1024
 IMAGE_TYPES = {
@@ -412,6 +414,59 @@ class Pane:
     tree: list[dict[str, Any]]
     preview: dict[str, Any] | None
     passed: bool
+    expected: str | None = None
+    answer: str | None = None
+
+
+EXPECTED_KEYS = ("ground_truth", "expected", "answer")
+
+
+def expected_answer(db: Session, store: ObjectStore, run: Run, sample: RunSample) -> str | None:
+    """The ground truth of the sample's dataset row: from the dataset's stored preview when
+    the row is in it, else read from the dataset file; ``None`` when neither has it."""
+    row = sample.source_row_index if sample.source_row_index is not None else sample.row_index
+    dataset = db.scalar(
+        select(Dataset)
+        .where(
+            Dataset.workspace_id == run.workspace_id,
+            Dataset.file_name == run.dataset_name,
+            Dataset.status == "uploaded",
+        )
+        .order_by(Dataset.created_at.desc())
+        .limit(1)
+    )
+    if dataset is None or row < 0:
+        return None
+    preview = dataset.data_preview or []
+    record: dict[str, object] | None = preview[row] if row < len(preview) else None
+    if record is None and row < MAX_EXPECTED_ROW:
+        from osmosis_ai.errors import MissingExtraError
+        from osmosis_ai.workspace import read_rows
+        from osmosis_ai.workspace.rows import DatasetError
+
+        key = dataset.object_key or dataset_object_key(dataset)
+        try:
+            rows = read_rows(store.path(store.stat(key).key), limit=row + 1)
+        except (ObjectNotFound, DatasetError, MissingExtraError, OSError):
+            return None
+        record = rows[row] if row < len(rows) else None
+    if record is None:
+        return None
+    for name in EXPECTED_KEYS:
+        value = record.get(name)
+        if value is not None:
+            return value if isinstance(value, str) else json.dumps(value, default=str)
+    return None
+
+
+def final_answer(trajectory: Trajectory | None) -> str | None:
+    """The model's last message in the conversation."""
+    if trajectory is None:
+        return None
+    for turn in reversed(trajectory.turns):
+        if turn.source == "agent" and turn.message:
+            return turn.message
+    return None
 
 
 def _pane(platform: Platform, db: Session, run: Run, where: tuple[int, int], file: str) -> Pane:
@@ -423,13 +478,16 @@ def _pane(platform: Platform, db: Session, run: Run, where: tuple[int, int], fil
         return Pane(run, None, None, [], None, False)
     prefix = artifacts_prefix(run, row, n)
     passed = sample.status != "skipped" and sample.reward is not None and sample.reward >= threshold
+    trajectory = _load_trajectory(store, run, sample)
     return Pane(
         run,
         sample,
-        _load_trajectory(store, run, sample),
+        trajectory,
         artifact_tree(store, prefix),
         _preview(store, prefix, file),
         passed,
+        expected_answer(db, store, run, sample),
+        final_answer(trajectory),
     )
 
 
