@@ -157,7 +157,7 @@ def download_run(
     existing = [
         target
         for _, relative, _, target in planned
-        if target.exists() and not _own_metrics(relative, target, record.get("id"))
+        if target.exists() and not own_metrics(relative, target, record.get("id"))
     ]
     if existing and not overwrite:
         raise CLIError(
@@ -197,7 +197,7 @@ def download_run(
     return Downloaded(root=root, files=len(planned) + written, bytes=total, skipped=0)
 
 
-def _own_metrics(relative: str, target: Path, run_id: object) -> bool:
+def own_metrics(relative: str, target: Path, run_id: object) -> bool:
     """``metrics.json`` that ``eval info`` wrote for this same run: refreshed, not a conflict."""
     if relative != "metrics.json" or not isinstance(run_id, str):
         return False
