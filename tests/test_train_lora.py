@@ -162,6 +162,7 @@ def test_a_lora_checkpoint_serves_what_was_trained(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a 60-step warm-up and 40 GRPO steps on a shared CPU
 def test_a_short_lora_run_learns_and_its_checkpoint_answers(workspace: Path):
     """The template's LoRA run, 40 GRPO steps at a higher rate: the warm-up took (entropy
     well under uniform), gradients flow, the reward rises, and the final checkpoint served as
