@@ -53,8 +53,6 @@ class RunCallback(TrainerCallback):
         self._held.close()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.watch is not None:
-            self.watch.end()
         self._held.close()  # in case an error skipped on_optimizer_step
         if self.hooks.after_step(int(state.global_step)):
             self.stopped_early = True

@@ -329,7 +329,9 @@ class RolloutCollector:
         requests = [
             self.request(i, s, step=step, validation=True) for i in indices for s in range(samples)
         ]
-        rewards = [outcome_reward(o)[0] for o in self.bridge.run(requests)]
+        with self.watch.paused() if self.watch is not None else contextlib.nullcontext():
+            outcomes = self.bridge.run(requests)
+        rewards = [outcome_reward(o)[0] for o in outcomes]
         scored = [r for r in rewards if r is not None]
         mean = sum(scored) / len(scored) if scored else None
         passed = sum(1 for r in scored if r >= 1.0) / len(scored) if scored else None

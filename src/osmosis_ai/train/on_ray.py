@@ -46,9 +46,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from osmosis_ai.deadlines import TRAIN_STEP
 from osmosis_ai.train import engine
 from osmosis_ai.train.collect import StepStats
-from osmosis_ai.train.errors import PlacementError, RayTrainError, TrainingError
+from osmosis_ai.train.errors import (
+    PlacementError,
+    RayTrainError,
+    TrainerStepStalledError,
+    TrainingError,
+)
 from osmosis_ai.train.events import StepEvent, TrainEvent, ValidationEvent
 from osmosis_ai.train.plan import RayPlacement, TrainPlan, check_split
 from osmosis_ai.train.ray_fleet import FleetOwner, TrainingFleet
@@ -101,6 +107,7 @@ class WorkerSpec:
     id: str  # this invocation's (a restarted worker group counts its starts by it)
     vllm_url: str | None = None
     directory: Any = None  # the fleet's directory actor (``FleetDirectory``)
+    step_deadline_s: float | None = None  # the driver's trainer step deadline
 
 
 def alive_nodes() -> list[dict[str, Any]]:
@@ -329,6 +336,7 @@ def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: Trainin
         id=uuid.uuid4().hex,
         vllm_url=vllm.url if vllm is not None else None,
         directory=fleet.directory,
+        step_deadline_s=TRAIN_STEP.seconds(),
     )
     trainer = TorchTrainer(
         train_loop,
@@ -446,6 +454,9 @@ def _await_fit(run: Session, trainer: Any, watch: Any, pump: _Pump, ask: Ask) ->
         error: BaseException = outcome["error"]
         if isinstance(error, TrainingError):
             raise error
+        stalled = _stalled_step(error)
+        if stalled is not None:  # a worker's step deadline: the run ends with its error
+            raise stalled from error
         raise _ray_train_error(error, ask) from error
     return outcome["result"]
 
@@ -487,6 +498,23 @@ def _abort(watch: Any) -> None:
     if controller is not None:
         with contextlib.suppress(Exception):
             ray.kill(controller, no_restart=True)
+
+
+def _stalled_step(error: BaseException) -> TrainerStepStalledError | None:
+    """The ``TrainerStepStalledError`` a trainer worker failed with (a peer that stopped
+    left its collective operation waiting), under Ray Train's worker group error."""
+    from osmosis_ai.train.ray_watch import ray_error_of
+
+    failures = getattr(ray_error_of(error), "worker_failures", None)
+    if not isinstance(failures, dict):
+        return None
+    for _rank, failure in sorted(failures.items()):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        seen: BaseException | None = failure if isinstance(failure, BaseException) else None
+        while seen is not None:
+            if isinstance(seen, TrainerStepStalledError):
+                return seen
+            seen = seen.__cause__ or getattr(seen, "cause", None)
+    return None
 
 
 def _ray_train_error(error: BaseException, ask: Ask) -> RayTrainError:

@@ -255,6 +255,10 @@ class _Run:
             on_spawn=rundir.record_server,
         )
 
+    def step_deadline_s(self) -> float:
+        """The trainer step deadline (``OSMOSIS_TRAIN_STEP_TIMEOUT_S``)."""
+        return TRAIN_STEP.seconds()
+
     def server_env(self) -> dict[str, str]:
         """The environment the rollout server gets on top of its own."""
         return {TRAJECTORIES_ENV: "0", **self.plan.config.env, **self.plan.secrets}
@@ -347,7 +351,7 @@ class _Run:
             self.stage(f"resuming after step {done} ({self.resume_point.name})")
         elif plan.config.checkpoints.eval_interval > 0 and vllm_url is None and self.leads:
             self._validate(0)  # (a vLLM server holds the pre-warm-up weights until step 1)
-        watch = StepWatch(TRAIN_STEP.seconds())
+        watch = StepWatch(self.step_deadline_s())
         self.collector.watch = watch
         callback = RunCallback(self, watch)
         args = engine.grpo_config(
@@ -514,6 +518,11 @@ class WorkerRun(_Run):
         self.leads = rank == 0
         self.attempt = 1
         self.bridge: RolloutBridge | None = None
+
+    def step_deadline_s(self) -> float:
+        """The driver's trainer step deadline (a worker's own environment may differ)."""
+        deadline = getattr(self.spec, "step_deadline_s", None)
+        return super().step_deadline_s() if deadline is None else float(deadline)
 
     def _relay(self, event: TrainEvent) -> None:
         if self.leads:

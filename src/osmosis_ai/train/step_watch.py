@@ -1,6 +1,7 @@
 """The trainer step deadline (``OSMOSIS_TRAIN_STEP_TIMEOUT_S``): each step is timed on the
-trainer's thread, from its start to its end, the wait for its rollouts excluded (the rollout
-I/O deadline covers that wait), and watched from another thread.
+trainer's thread, from its start to the next step's start (its own end-of-step work, such as
+the checkpoint save and its barrier, included), the waits for rollouts excluded (the rollout
+I/O deadline covers those), and watched from another thread.
 
 A hung step does not return, so nothing on its thread can notice it: :func:`run_watched`
 runs the training on a thread of its own and waits for it on the caller's, which raises
@@ -42,6 +43,7 @@ class StepWatch:
             self._step, self._spent, self._since = step, 0.0, time.monotonic()
 
     def end(self) -> None:
+        """No step is in progress (the next :meth:`begin` starts the clock again)."""
         with self._lock:
             self._step, self._since, self._spent = None, None, 0.0
 
@@ -73,8 +75,8 @@ class StepWatch:
         return TRAIN_STEP.error(
             TrainerStepStalledError,
             f"training step {step} computed for {spent:.1f}s without ending (the trainer "
-            "is hung: a deadlock, or a collective operation waiting on a trainer worker that "
-            "stopped)",
+            "is hung in the step or its checkpoint save: a deadlock, or a collective "
+            "operation waiting on a trainer worker that stopped)",
             self.deadline_s,
         )
 
