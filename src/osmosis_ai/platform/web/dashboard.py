@@ -267,6 +267,8 @@ def run_progress(run: Run) -> dict[str, object]:
 def run_result(run: Run) -> tuple[str, float | None]:
     """What a run reached: an eval's pass rate (from its results), a training's latest reward."""
     if run.kind == "eval":
+        if not (run.current_step or run.examples_processed_count):
+            return "pass rate", None  # nothing completed: no rate, not 0 %
         rate = (run.results or {}).get("pass_rate")
         if isinstance(rate, int | float) and not isinstance(rate, bool):
             return "pass rate", float(rate)

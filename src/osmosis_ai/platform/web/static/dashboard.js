@@ -32,6 +32,8 @@
   function number(value, digits) {
     if (value === null || value === undefined) return "—";
     if (Number.isInteger(value)) return value.toLocaleString("en-US");
+    const size = Math.abs(value);
+    if (size < 0.001 || size >= 1e7) return value.toExponential(2);  // a learning rate, say
     return value.toFixed(digits === undefined ? 3 : digits);
   }
 
@@ -155,7 +157,7 @@
     });
   }
 
-  function lineChart(element, title, color, readout) {
+  function lineChart(element, title, color, readout, data, smoothing) {
     return new uPlot(
       {
         width: plotWidth(element),
@@ -165,7 +167,7 @@
         cursor: { drag: { x: true, y: false } },
         series: [
           { label: "step" },
-          { label: title + " (raw)", stroke: color, alpha: 0.25, width: 1, spanGaps: true, show: false },
+          { label: title + " (raw)", stroke: color, alpha: 0.25, width: 1, spanGaps: true, show: smoothing },
           { label: title, stroke: color, width: 1.5, spanGaps: true },
         ],
         axes: [
@@ -194,7 +196,7 @@
           }],
         },
       },
-      [[], [], []],
+      data,
       element
     );
   }
@@ -223,13 +225,15 @@
       slider.value = String(weight);
       sliderValue.textContent = weight.toFixed(2);
     }
+    const series = function (chart) {
+      return [chart.steps, chart.values, weight > 0 ? smooth(chart.values, weight) : chart.values];
+    };
     const draw = function (key) {
       const chart = latest[key];
       const plot = plots[key];
       if (!chart || !plot) return;
-      const smoothed = smooth(chart.values, weight);
-      plot.setSeries(1, { show: weight > 0 });
-      plot.setData([chart.steps, chart.values, weight > 0 ? smoothed : chart.values]);
+      if (plot.series[1].show !== weight > 0) plot.setSeries(1, { show: weight > 0 });
+      plot.setData(series(chart));
     };
     if (slider) {
       slider.addEventListener("input", function () {
@@ -256,10 +260,12 @@
         empty.hidden = true;
         latest[chart.key] = chart;
         if (!plots[chart.key]) {
+          // created with its data, so the first layout already has the data's y-range
           plots[chart.key] = lineChart(plotElement, chart.title, palette[index % palette.length],
-            section.querySelector("[data-readout]"));
+            section.querySelector("[data-readout]"), series(chart), weight > 0);
+        } else {
+          draw(chart.key);
         }
-        draw(chart.key);
         section.dataset.drawn = "true";
         count.textContent = chart.count.toLocaleString("en-US") + " points" +
           (chart.steps.length < chart.count ? ", " + chart.steps.length + " drawn" : "") +
