@@ -57,7 +57,11 @@ def serve(settings: PlatformSettings, *, log_level: str = "info") -> None:
     config = server_config(app, settings, log_level=log_level)
     # Which isolation runs get (also in /api/health), once at start.
     logging.getLogger("uvicorn.error").info("Isolation: %s", settings.isolation)
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:
+        # The server re-raises the SIGINT it shut down on; a Ctrl-C is a clean stop.
+        pass
 
 
 def server_config(app: ASGIApp, settings: PlatformSettings, *, log_level: str = "info") -> Config:
