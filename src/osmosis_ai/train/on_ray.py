@@ -49,12 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from osmosis_ai.deadlines import TRAIN_STEP
 from osmosis_ai.train import engine
 from osmosis_ai.train.collect import StepStats
-from osmosis_ai.train.errors import (
-    PlacementError,
-    RayTrainError,
-    TrainerStepStalledError,
-    TrainingError,
-)
+from osmosis_ai.train.errors import PlacementError, RayTrainError, TrainingError
 from osmosis_ai.train.events import StepEvent, TrainEvent, ValidationEvent
 from osmosis_ai.train.plan import RayPlacement, TrainPlan, check_split
 from osmosis_ai.train.ray_fleet import FleetOwner, TrainingFleet
@@ -445,6 +440,8 @@ def _await_fit(run: Session, trainer: Any, watch: Any, pump: _Pump, ask: Ask) ->
             run.stage(f"trainer workers placed: {ask.workers}")
         if seen.failed is not None:
             thread.join(_FIT_ERROR_GRACE_SEC)  # fit() hands over the error itself, or:
+            if thread.is_alive() and seen.stalled is not None:
+                raise seen.stalled  # a worker's step deadline: the run ends with its error
             if thread.is_alive():
                 raise RayTrainError(
                     _ray_train_message(seen.failed, seen.detail, ask), ray_error=seen.failed
@@ -454,7 +451,9 @@ def _await_fit(run: Session, trainer: Any, watch: Any, pump: _Pump, ask: Ask) ->
         error: BaseException = outcome["error"]
         if isinstance(error, TrainingError):
             raise error
-        stalled = _stalled_step(error)
+        from osmosis_ai.train.ray_watch import stalled_step
+
+        stalled = stalled_step(error)
         if stalled is not None:  # a worker's step deadline: the run ends with its error
             raise stalled from error
         raise _ray_train_error(error, ask) from error
@@ -498,23 +497,6 @@ def _abort(watch: Any) -> None:
     if controller is not None:
         with contextlib.suppress(Exception):
             ray.kill(controller, no_restart=True)
-
-
-def _stalled_step(error: BaseException) -> TrainerStepStalledError | None:
-    """The ``TrainerStepStalledError`` a trainer worker failed with (a peer that stopped
-    left its collective operation waiting), under Ray Train's worker group error."""
-    from osmosis_ai.train.ray_watch import ray_error_of
-
-    failures = getattr(ray_error_of(error), "worker_failures", None)
-    if not isinstance(failures, dict):
-        return None
-    for _rank, failure in sorted(failures.items()):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
-        seen: BaseException | None = failure if isinstance(failure, BaseException) else None
-        while seen is not None:
-            if isinstance(seen, TrainerStepStalledError):
-                return seen
-            seen = seen.__cause__ or getattr(seen, "cause", None)
-    return None
 
 
 def _ray_train_error(error: BaseException, ask: Ask) -> RayTrainError:

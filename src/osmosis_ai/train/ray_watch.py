@@ -31,6 +31,7 @@ class Sighting:
     failed: str | None = None
     detail: str = ""
     running_since: int = 0  # how many times it entered "Running" (a worker group started)
+    stalled: Any = None  # the TrainerStepStalledError a worker failed with, if one did
 
 
 class RunAborted(Exception):
@@ -56,12 +57,12 @@ class FitWatch:
         self.aborted = True
         return self.seen.controller
 
-    def moved(self, state: str, failed: str | None, detail: str) -> None:
+    def moved(self, state: str, failed: str | None, detail: str, stalled: Any = None) -> None:
         seen = self.seen
         running = seen.running_since + (state == "Running" != seen.state)
         if failed is None:
-            failed, detail = seen.failed, seen.detail
-        self.seen = Sighting(seen.controller, state, failed, detail, running)
+            failed, detail, stalled = seen.failed, seen.detail, seen.stalled
+        self.seen = Sighting(seen.controller, state, failed, detail, running, stalled)
 
     def read(self) -> Sighting:
         return self.seen
@@ -74,6 +75,23 @@ def _final_error(state: Any) -> Any:
     if type(state).__name__ != "ErroredState":
         return None
     return getattr(state, "training_failed_error", None)
+
+
+def stalled_step(error: BaseException) -> Any:
+    """The ``TrainerStepStalledError`` a trainer worker failed with (a peer that stopped
+    left its collective operation waiting), under Ray Train's worker group error."""
+    from osmosis_ai.train.errors import TrainerStepStalledError
+
+    failures = getattr(ray_error_of(error), "worker_failures", None)
+    if not isinstance(failures, dict):
+        return None
+    for _rank, failure in sorted(failures.items()):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        seen: Any = failure
+        while isinstance(seen, BaseException):
+            if isinstance(seen, TrainerStepStalledError):
+                return seen
+            seen = getattr(seen, "_base_exc", None) or seen.__cause__
+    return None
 
 
 def ray_error_of(error: BaseException) -> BaseException:
@@ -104,4 +122,4 @@ class ControllerLookout(ControllerCallback):
             self.watch.moved.remote(name, None, "")
             return
         cause = ray_error_of(error)
-        self.watch.moved.remote(name, type(cause).__name__, str(cause))
+        self.watch.moved.remote(name, type(cause).__name__, str(cause), stalled_step(error))
