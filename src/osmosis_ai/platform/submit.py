@@ -222,7 +222,7 @@ def remote_fetch_notice(
             (
                 "UNPINNED_COMMIT",
                 "No commit_sha is pinned: the platform may run a different commit than your "
-                "local branch. To pin one, push it and set commit_sha = \"<full SHA>\" (git "
+                'local branch. To pin one, push it and set commit_sha = "<full SHA>" (git '
                 "rev-parse HEAD) under [experiment] in the config.",
             )
         )
