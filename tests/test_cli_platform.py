@@ -390,7 +390,16 @@ def test_model_info_lora_then_base_then_missing(capsys, platform_env):
     undeployed = invoke(capsys, "model", "undeploy", "multiply-step-20", "--json").json()
     assert undeployed["operation"] == "model.undeploy"
     assert undeployed["resource"]["status"] == "inactive"
-    assert undeployed["message"] == "LoRA model undeployed: multiply-step-20"
+    assert undeployed["message"] == "Model undeployed: multiply-step-20"
+
+
+def test_model_info_names_a_full_checkpoint_for_what_it_is(capsys, platform_env):
+    platform_env.lora_models = [{**LORA, "checkpoint_type": "full"}]
+    plain = invoke(capsys, "model", "info", "multiply-step-20", "--plain").out
+    assert "full weights" in plain and "LoRA" not in plain
+    platform_env.lora_models = [{**LORA, "checkpoint_type": "lora"}]
+    plain = invoke(capsys, "model", "info", "multiply-step-20", "--plain").out
+    assert "LoRA adapter" in plain
 
 
 def test_rollout_list_by_branch(capsys, platform_env):

@@ -40,7 +40,7 @@ def change_deployment(
             "status": answer.get("status"),
             **session.result_context(),
         },
-        message=f"LoRA model {action}ed: {name}",
+        message=f"Model {action}ed: {name}",
         next_steps=[f"Check it with: osmosis model info {name}"],
         next_steps_structured=[{"action": "model_info", "name": name}],
     )

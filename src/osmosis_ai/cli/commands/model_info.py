@@ -78,8 +78,11 @@ def _lora(record: dict[str, object], context: dict[str, object]) -> DetailResult
             fields.append(("Inference endpoint", endpoint))
     if record.get("platform_url"):
         fields.append(("URL", record.get("platform_url")))
+    kind = record.get("checkpoint_type")
+    if kind:  # the platform says what the checkpoint folder holds
+        fields.insert(1, ("Type", "LoRA adapter" if kind == "lora" else "full weights"))
     return DetailResult(
-        title="LoRA model",
+        title="Trained model" if kind == "full" else "LoRA model",
         data={"lora_model": model, "platform_url": record.get("platform_url"), **context},
         fields=fields,
     )
