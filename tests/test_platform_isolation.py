@@ -512,3 +512,67 @@ def test_a_data_dir_inside_the_operators_home_stays_hidden_but_the_run_folders_s
         assert done.stdout.strip() == "['work'] False print('hi')"
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@needs_containment
+def test_an_environment_build_runs_contained_and_writes_only_its_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """``uv sync`` runs the workspace's build backends: it gets the same sandbox as the server,
+    with its own environment folder as the one place it may write."""
+    import tempfile
+
+    from osmosis_ai.controller import containment as policy_module
+    from osmosis_ai.controller.containment import interpreter_paths
+    from osmosis_ai.controller.rollout_process import ENV_CACHE_ENV, RolloutServerProcess
+
+    data = Path(tempfile.mkdtemp(dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    try:
+        (data / "secrets.key").write_bytes(b"k" * 32)
+        rollout = tmp_path / "rollouts" / "needy"
+        rollout.mkdir(parents=True)
+        (rollout / "main.py").write_text("print('never started')\n")
+        (rollout / "pyproject.toml").write_text(
+            '[project]\nname = "needy"\nversion = "0"\ndependencies = ["osmosis-absent-dep==1"]\n'
+        )
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        uv = bin_dir / "uv"  # a build backend's view of the world, written where it may write
+        uv.write_text(
+            "#!/bin/sh\n"
+            'out="$UV_PROJECT_ENVIRONMENT/probe.txt"\n'
+            'echo "uid $(id -u)" > "$out"\n'
+            'grep -E "^(CapEff|NoNewPrivs):" /proc/self/status >> "$out"\n'
+            f'if cat "{data}/secrets.key" >/dev/null 2>&1; then echo "key read" >> "$out"; '
+            'else echo "key refused" >> "$out"; fi\n'
+            f'if touch "{data}/planted" 2>/dev/null; then echo "data dir written" >> "$out"; '
+            'else echo "data dir refused" >> "$out"; fi\n'
+            'env | grep -c "^OSMOSIS_PLATFORM_" | sed "s/^/platform variables /" >> "$out"\n'
+            'echo "home $HOME" >> "$out"\n'
+        )
+        uv.chmod(0o755)
+        home = tmp_path / "home"
+        policy = policy_module.Containment(
+            home=str(home),
+            hidden=(str(data), "/root"),
+            read_only=(str(rollout), str(bin_dir), *interpreter_paths()),
+            uid=65534,
+        )
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("OSMOSIS_PLATFORM_SECRET_KEY", "must-not-reach-the-build")
+        monkeypatch.setenv(ENV_CACHE_ENV, str(tmp_path / "envs"))
+        monkeypatch.setenv(policy_module.CONTAINMENT_ENV, policy.to_json())
+        process = RolloutServerProcess(
+            rollout_dir=rollout, entrypoint=rollout / "main.py", artifact_root=tmp_path / "art"
+        )
+        process.sync()
+        assert process.isolated and process.uv_environment is not None
+        report = (process.uv_environment / "probe.txt").read_text().splitlines()
+        planted = (data / "planted").exists()
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    assert report[0] == f"uid {policy_module.SANDBOX_ID}", report
+    assert "CapEff:\t0000000000000000" in report and "NoNewPrivs:\t1" in report, report
+    assert "key refused" in report and "data dir refused" in report and not planted, report
+    assert "platform variables 0" in report, report
+    assert f"home {home}" in report, report

@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osmosis_ai.controller.errors import ControllerError
+
 CONTAINMENT_ENV = "OSMOSIS_ROLLOUT_CONTAINMENT"
 SANDBOX_ID = 1000  # the uid and gid inside
 DEFAULT_UID = 65534  # outside, when started by root: nobody
@@ -48,7 +50,7 @@ ALLOWED_ENV_PREFIXES = ("LC_",)
 READY_TIMEOUT_S = 10.0  # bwrap reports its namespaces within milliseconds
 
 
-class ContainmentError(RuntimeError):
+class ContainmentError(ControllerError):
     """Workspace code cannot be contained here (the message names the fix)."""
 
 
