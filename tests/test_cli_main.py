@@ -66,7 +66,7 @@ def test_group_help_marks_what_is_not_available(capsys):
 def test_command_help_is_argparse(capsys):
     result = invoke(capsys, "dataset", "validate", "--help")
     assert result.code == 0
-    assert "usage: osmosis dataset validate [-h] FILE" in result.out
+    assert "usage: osmosis dataset validate [-h] [-y] FILE" in result.out
     assert "--json, --plain" in result.out
 
 
@@ -118,7 +118,7 @@ def test_bad_options(capsys):
     assert invoke(capsys, "--env-file").code == 2
     result = invoke(capsys, "dataset", "validate")
     assert result.code == 2
-    assert result.err.startswith("Usage: osmosis dataset validate [-h] FILE\n")
+    assert result.err.startswith("Usage: osmosis dataset validate [-h] [-y] FILE\n")
     assert "Error: the following arguments are required: FILE" in result.err
     assert invoke(capsys, "dataset", "validate", "a", "b").code == 2
 

@@ -495,9 +495,14 @@ def test_eval_commands_against_the_platform(lab: Lab, tmp_path: Path, capsys, mo
 
     downloaded = ok("eval", "download", name)["resource"]
     root = clone / ".osmosis" / "evals" / name
-    assert downloaded["output_path"] == str(root) and downloaded["files"] == 4
+    # The local run layout: what osmosis eval run writes, besides metrics and trajectories.
+    assert downloaded["output_path"] == str(root) and downloaded["files"] == 8
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
+        "events.jsonl",
+        "index.jsonl",
+        "manifest.json",
         "metrics.json",
+        "progress.json",
         "summary.jsonl",
         "trajectories/row_0_run_0.json",
         "trajectories/row_1_run_0.json",
