@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SRC := src tests bench examples
 
-.PHONY: setup setup-harbor test-harbor setup-ray test-ray demo demo-protocol test test-all format format-check lint typecheck check clean
+.PHONY: setup setup-harbor test-harbor setup-ray test-ray demo demo-protocol test test-slow test-all format format-check lint typecheck check clean
 
 setup:
 	@scripts/setup.sh
@@ -15,7 +15,11 @@ demo-protocol: setup
 	$(BIN)/python examples/quickstart/demo.py
 
 test: setup
-	$(BIN)/pytest -q -m "not ray"
+	$(BIN)/pytest -q -m "not ray and not slow"
+
+# The slow tier: whole trainings, the README's platform script, kill -9 recovery (CI runs it too).
+test-slow: setup
+	$(BIN)/pytest -q -m "slow and not ray"
 
 # The Ray tier: the distributed extra in .venv, its tests on a local two-node Ray cluster
 # (they skip with a reason where Ray is missing or cannot start).
@@ -46,7 +50,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/pyright
 
-check: format-check lint typecheck test
+check: format-check lint typecheck test test-slow
 
 clean:
 	rm -rf $(VENV) .venv-harbor .pytest_cache .ruff_cache
