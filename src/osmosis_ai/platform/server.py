@@ -10,6 +10,7 @@ string of a signed object URL (its signature is a credential).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import TYPE_CHECKING
@@ -57,11 +58,9 @@ def serve(settings: PlatformSettings, *, log_level: str = "info") -> None:
     config = server_config(app, settings, log_level=log_level)
     # Which isolation runs get (also in /api/health), once at start.
     logging.getLogger("uvicorn.error").info("Isolation: %s", settings.isolation)
-    try:
+    # The server re-raises the SIGINT it shut down on; a Ctrl-C is a clean stop.
+    with contextlib.suppress(KeyboardInterrupt):
         uvicorn.Server(config).run()
-    except KeyboardInterrupt:
-        # The server re-raises the SIGINT it shut down on; a Ctrl-C is a clean stop.
-        pass
 
 
 def server_config(app: ASGIApp, settings: PlatformSettings, *, log_level: str = "info") -> Config:
