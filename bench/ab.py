@@ -41,7 +41,9 @@ def run_side(checkout: Path, script: str, args: list[str], out: Path) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Run one benchmark script against two checkouts, alternated."
+    )
     parser.add_argument("--before", type=Path, required=True, help="the checkout to compare with")
     parser.add_argument("--after", type=Path, default=HERE, help="default: this checkout")
     parser.add_argument("--rounds", type=int, default=2)
