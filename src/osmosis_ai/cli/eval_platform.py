@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.platform.client import segment
+from osmosis_ai.rundir.durable import atomic_write_bytes
 
 if TYPE_CHECKING:
     from osmosis_ai.cli.platform_session import Session
@@ -92,10 +93,8 @@ def _safe_segment(name: str) -> str:
 
 
 def write_json(path: Path, value: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(temp, path)
+    data = json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    atomic_write_bytes(path, data.encode("utf-8"))
 
 
 # --- download ------------------------------------------------------------------------------
@@ -227,7 +226,7 @@ def write_local_layout(root: Path, record: Mapping[str, Any], detail: Mapping[st
             entry = json.loads(line)
             if isinstance(entry, dict):
                 entries.append(_str_keys(entry))
-    _write_bytes(root / "index.jsonl", index)
+    atomic_write_bytes(root / "index.jsonl", index)
     journal_keys = ("row_index", "run_index", "rollout_id", "status", "reward", "tokens")
     events = "".join(
         json.dumps(
@@ -242,7 +241,7 @@ def write_local_layout(root: Path, record: Mapping[str, Any], detail: Mapping[st
         + "\n"
         for e in entries
     )
-    _write_bytes(root / "events.jsonl", events.encode("utf-8"))
+    atomic_write_bytes(root / "events.jsonl", events.encode("utf-8"))
     results = record.get("results")
     results = results if isinstance(results, dict) else {}
     rows = {e.get("row_index") for e in entries}
@@ -288,13 +287,6 @@ def write_local_layout(root: Path, record: Mapping[str, Any], detail: Mapping[st
 
 def _str_keys(entry: dict[Any, Any]) -> dict[str, Any]:
     return {str(k): v for k, v in entry.items()}  # pyright: ignore[reportUnknownVariableType]
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_bytes(data)
-    os.replace(temp, path)
 
 
 # --- upload ----------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 from osmosis_ai.lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    "atomic_write_bytes": "osmosis_ai.eval.durable",
-    "atomic_write_json": "osmosis_ai.eval.durable",
-    "canonical_json": "osmosis_ai.eval.durable",
+    "atomic_write_bytes": "osmosis_ai.rundir.durable",
+    "atomic_write_json": "osmosis_ai.rundir.durable",
+    "canonical_json": "osmosis_ai.rundir.durable",
     "DatasetLock": "osmosis_ai.eval.inputs",
     "Manifest": "osmosis_ai.eval.inputs",
     "Provenance": "osmosis_ai.eval.inputs",
@@ -70,9 +70,6 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from osmosis_ai.eval.durable import atomic_write_bytes as atomic_write_bytes
-    from osmosis_ai.eval.durable import atomic_write_json as atomic_write_json
-    from osmosis_ai.eval.durable import canonical_json as canonical_json
     from osmosis_ai.eval.inputs import DatasetLock as DatasetLock
     from osmosis_ai.eval.inputs import Manifest as Manifest
     from osmosis_ai.eval.inputs import Provenance as Provenance
@@ -123,6 +120,9 @@ if TYPE_CHECKING:
     from osmosis_ai.eval.workitems import count_work as count_work
     from osmosis_ai.eval.workitems import new_rollout_id as new_rollout_id
     from osmosis_ai.eval.workitems import pending_items as pending_items
+    from osmosis_ai.rundir.durable import atomic_write_bytes as atomic_write_bytes
+    from osmosis_ai.rundir.durable import atomic_write_json as atomic_write_json
+    from osmosis_ai.rundir.durable import canonical_json as canonical_json
 
 __all__ = [  # the names of _EXPORTS
     "REDACTED",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.eval.durable import canonical_json
+from osmosis_ai.rundir.durable import canonical_json
 
 if TYPE_CHECKING:
     from osmosis_ai.rollout.protocol import Generation

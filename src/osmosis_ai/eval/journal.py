@@ -20,8 +20,8 @@ from typing import Literal, Self, cast, get_args
 from pydantic import JsonValue
 
 from osmosis_ai.errors import OsmosisError, UsageError
-from osmosis_ai.eval.durable import canonical_json, open_owner_only
 from osmosis_ai.rollout.ids import validate_rollout_id
+from osmosis_ai.rundir.durable import canonical_json, open_owner_only
 
 JournalStatus = Literal["success", "failed", "skipped"]
 WorkKey = tuple[int, int]

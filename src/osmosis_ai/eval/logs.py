@@ -20,7 +20,8 @@ from typing import Literal, Self
 from pydantic import JsonValue
 
 from osmosis_ai.errors import UsageError
-from osmosis_ai.eval.durable import canonical_json, iso_utc, open_owner_only
+from osmosis_ai.rundir.durable import canonical_json, open_owner_only
+from osmosis_ai.rundir.timestamps import iso_utc
 
 REDACTED = "[REDACTED]"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]

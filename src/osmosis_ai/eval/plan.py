@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import JsonValue
 
 from osmosis_ai.errors import UsageError
-from osmosis_ai.eval.durable import atomic_write_json
 from osmosis_ai.eval.inputs import (
     PROTOCOL_VERSIONS,
     DatasetLock,
@@ -33,6 +32,7 @@ from osmosis_ai.eval.inputs import (
 from osmosis_ai.eval.report_targets import USED_ADVANCED_KEYS, EvalReporting, reporting_of
 from osmosis_ai.eval.rundir import MANIFEST_FILE
 from osmosis_ai.eval.workitems import WorkItem, build_work_items
+from osmosis_ai.rundir.durable import atomic_write_json
 from osmosis_ai.workspace import (
     DatasetError,
     DatasetRow,

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import JsonValue
 
-from osmosis_ai.eval.durable import iso_utc
 from osmosis_ai.eval.journal import JournalRecord, JournalState, WorkKey
 from osmosis_ai.eval.plan import EvalPlan
 from osmosis_ai.events import LogEvent, StageEvent, WarningEvent
+from osmosis_ai.rundir.timestamps import iso_utc
 
 if TYPE_CHECKING:
     from osmosis_ai.eval.metrics import EvalMetrics

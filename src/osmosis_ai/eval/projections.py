@@ -21,7 +21,10 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from osmosis_ai.eval.durable import (
+from osmosis_ai.eval.journal import JournalRecord, JournalState, JournalStatus, WorkKey
+from osmosis_ai.eval.metrics import EvalMetrics, aggregate_metrics
+from osmosis_ai.eval.rundir import TRIALS_DIR
+from osmosis_ai.rundir.durable import (
     OWNER_ONLY,
     atomic_write_bytes,
     atomic_write_json,
@@ -30,9 +33,6 @@ from osmosis_ai.eval.durable import (
     fsync_dir,
     read_regular_file,
 )
-from osmosis_ai.eval.journal import JournalRecord, JournalState, JournalStatus, WorkKey
-from osmosis_ai.eval.metrics import EvalMetrics, aggregate_metrics
-from osmosis_ai.eval.rundir import TRIALS_DIR
 
 INDEX_FILE = "index.jsonl"
 SUMMARY_FILE = "summary.jsonl"

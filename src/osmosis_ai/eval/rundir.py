@@ -21,17 +21,17 @@ from typing import Self
 from pydantic import ValidationError
 
 from osmosis_ai.errors import ConfigError, OsmosisError, UsageError
-from osmosis_ai.eval.durable import (
-    atomic_write_json,
-    ensure_dir,
-    fsync_dir,
-    iso_utc,
-    open_owner_only,
-    read_regular_file,
-)
 from osmosis_ai.eval.inputs import MANIFEST_SCHEMA_VERSION, Manifest, Provenance, RunInputs
 from osmosis_ai.eval.journal import Journal
 from osmosis_ai.rollout.ids import validate_rollout_id
+from osmosis_ai.rundir.durable import (
+    atomic_write_json,
+    ensure_dir,
+    fsync_dir,
+    open_owner_only,
+    read_regular_file,
+)
+from osmosis_ai.rundir.timestamps import iso_utc
 
 LOCKS_DIR = ".locks"
 MANIFEST_FILE = "manifest.json"

@@ -23,9 +23,10 @@ from osmosis_ai.controller.rollout_process import (
     RolloutServerProcess,
     stop_if_ours,
 )
-from osmosis_ai.eval.durable import atomic_write_json, fsync_dir, iso_utc
 from osmosis_ai.eval.plan import EvalPlan, model_credential_vars
 from osmosis_ai.eval.rundir import TRIALS_DIR
+from osmosis_ai.rundir.durable import atomic_write_json, fsync_dir
+from osmosis_ai.rundir.timestamps import iso_utc
 
 SERVER_FILE = "server.json"
 _STOP_GRACE_SEC = 5.0

@@ -90,13 +90,13 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
     import asyncio
 
     from osmosis_ai.errors import MissingExtraError
-    from osmosis_ai.eval.durable import atomic_write_json
     from osmosis_ai.eval.judge import MissingAPIKeyError
     from osmosis_ai.eval.rubric_dataset import (
         RubricDatasetError,
         evaluate_rubric_dataset,
         load_rubric_dataset,
     )
+    from osmosis_ai.rundir.durable import atomic_write_json
 
     if args.api_key is not None:
         ctx.warn(

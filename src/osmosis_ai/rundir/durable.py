@@ -1,7 +1,9 @@
-"""Durable file primitives of a run directory: canonical JSON, atomic replace, folder fsync.
+"""Durable files of a run directory: canonical JSON, atomic replace, folder fsync.
 
-Every projection goes through :func:`atomic_write_bytes` (temp file in the same folder, flush,
-fsync, ``os.replace``, fsync of the folder), so neither a reader nor a crash sees half a file.
+One policy for every file a run writes whole: :func:`atomic_write_bytes` writes a temp file
+in the same folder, fsyncs it, renames it into place and fsyncs the folder, so neither a
+reader nor a crash sees half a file; the file is owner-only (0600), since results and logs
+may hold private data.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import json
 import os
 import stat
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
 OWNER_ONLY = 0o600
@@ -28,12 +29,6 @@ def canonical_json(value: object) -> str:
 def pretty_json(value: object) -> str:
     """Indented JSON with sorted keys and a final newline, for files people read."""
     return json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def iso_utc(moment: datetime | None = None) -> str:
-    """``moment`` (default: now) as ``YYYY-MM-DDTHH:MM:SS.mmmZ`` in UTC."""
-    moment = datetime.now(UTC) if moment is None else moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def fsync_dir(folder: Path) -> None:
