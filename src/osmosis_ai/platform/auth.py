@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequest, NotFound
+from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequest, NotFoundError
 from osmosis_ai.platform.store.orm import Token, User
 
 TOKEN_PREFIX = "osm_"
@@ -187,7 +187,7 @@ def revoke_token(
     """Revoke a token (idempotent); with ``user_id``, only one of that user's tokens."""
     token = session.get(Token, token_id)
     if token is None or (user_id is not None and token.user_id != user_id):
-        raise NotFound(f"No token with id {token_id!r}.", code="TOKEN_NOT_FOUND")
+        raise NotFoundError(f"No token with id {token_id!r}.", code="TOKEN_NOT_FOUND")
     if token.revoked_at is None:
         token.revoked_at = now
     return token

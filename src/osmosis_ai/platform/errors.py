@@ -9,7 +9,7 @@ to its error code (§3.3: 400 VALIDATION, 401 AUTH_REQUIRED, 404 NOT_FOUND, 409 
     ├── InvalidRequest        400  the request is malformed or names a bad value
     ├── AuthenticationFailed  401  no token, or an unknown, expired, revoked or foreign one
     ├── PermissionDenied      403  authenticated, but the role does not allow it
-    ├── NotFound              404  no such resource, or not visible to this token
+    ├── NotFoundError              404  no such resource, or not visible to this token
     ├── Conflict              409  the resource exists already
     ├── UpgradeRequired       426  the CLI is older than the oldest one supported
     └── DatabaseError         500  the database cannot be used (e.g. its schema is newer)
@@ -66,7 +66,7 @@ class PermissionDenied(PlatformError):
     default_code = "FORBIDDEN"
 
 
-class NotFound(PlatformError):
+class NotFoundError(PlatformError):
     status_code = 404
     default_code = "NOT_FOUND"
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar, TypeVarTuple
 from urllib.parse import quote, urlencode
 
-from osmosis_ai.platform.errors import InvalidRequest, NotFound, PermissionDenied
+from osmosis_ai.platform.errors import InvalidRequest, NotFoundError, PermissionDenied
 
 MAX_KEY_BYTES = 1024
 MAX_SEGMENT_BYTES = 255  # one file or folder name on Linux filesystems
@@ -100,7 +100,7 @@ class InvalidUploadPart(InvalidRequest):
     default_code = "INVALID_PART"
 
 
-class ObjectNotFound(NotFound):
+class ObjectNotFound(NotFoundError):
     default_code = "OBJECT_NOT_FOUND"
 
 

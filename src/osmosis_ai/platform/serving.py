@@ -37,7 +37,7 @@ from typing import Literal
 
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import NotFound, PlatformError
+from osmosis_ai.platform.errors import NotFoundError, PlatformError
 from osmosis_ai.platform.objects import ObjectStore
 from osmosis_ai.platform.services import deployments
 from osmosis_ai.platform.services.models import ModelNotFound, get_base_model
@@ -273,7 +273,7 @@ class DeploymentManager:
         with self.database.read() as session:
             model = session.get(Model, model_id)
             if model is None or not deployments.is_active(model):
-                raise NotFound(f"model {model_id!r} is not deployed")
+                raise NotFoundError(f"model {model_id!r} is not deployed")
             return deployment_spec(session, model)
 
     # -- materializing -------------------------------------------------------------------

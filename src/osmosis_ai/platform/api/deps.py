@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from osmosis_ai.platform.api.access import AccessCache
 from osmosis_ai.platform.auth import Principal, authenticate, hash_token, recheck, touch_token
-from osmosis_ai.platform.errors import InvalidRequest, NotFound
+from osmosis_ai.platform.errors import InvalidRequest, NotFoundError
 from osmosis_ai.platform.services.accounts import (
     WorkspaceAccess,
     normalize_repo,
@@ -151,7 +151,7 @@ async def optional_workspace(
         key, lambda: run_in_threadpool(_find_workspace, platform, key)
     )
     if found is None:
-        raise NotFound(
+        raise NotFoundError(
             f"No workspace you belong to is connected to {label}. Check the repository's "
             "origin, or ask a workspace admin to add you.",
             code="GIT_SCOPE_HEADER_ACCESS_DENIED",

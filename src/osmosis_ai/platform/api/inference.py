@@ -21,7 +21,7 @@ from sqlalchemy import select
 from starlette.background import BackgroundTask
 
 from osmosis_ai.platform.api.deps import Platform, authenticated, bearer_token, current_platform
-from osmosis_ai.platform.errors import AuthenticationFailed, NotFound, PlatformError
+from osmosis_ai.platform.errors import AuthenticationFailed, NotFoundError, PlatformError
 from osmosis_ai.platform.services import deployments
 from osmosis_ai.platform.store.orm import Membership, Model
 
@@ -238,7 +238,7 @@ async def _forward_checked(request: Request, platform: Platform, route: str) -> 
     assert isinstance(manager, DeploymentManager)
     try:
         base_url = await manager.endpoint(found[0].id)
-    except NotFound:
+    except NotFoundError:
         raise _not_deployed(name) from None
     client = _client(platform)
     assert isinstance(client, httpx.AsyncClient)

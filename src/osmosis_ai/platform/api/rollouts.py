@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 
 from osmosis_ai.platform.api.deps import PlatformDep, WorkspaceDep
 from osmosis_ai.platform.api.wire import WireModel
-from osmosis_ai.platform.errors import NotFound
+from osmosis_ai.platform.errors import NotFoundError
 from osmosis_ai.platform.gitsync import GitSyncFailed
 from osmosis_ai.platform.services import rollouts
 
@@ -74,7 +74,7 @@ def list_rollouts(
         max_age=timedelta(seconds=platform.settings.git_refresh_s),
     )
     if outcome.status == "success" and branch and branch not in outcome.branch_names:
-        raise NotFound(
+        raise NotFoundError(
             f"The repository {workspace.repo_full_name} has no branch {branch!r}.",
             code="BRANCH_NOT_FOUND",
             field="branch",

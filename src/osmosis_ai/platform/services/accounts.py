@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError, PermissionDenied
 from osmosis_ai.platform.store.orm import ROLES, Membership, User, Workspace
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
@@ -76,7 +76,7 @@ def user_by_email(session: Session, email: str) -> User:
     address = normalize_email(email)
     user = session.scalar(select(User).where(User.email == address))
     if user is None:
-        raise NotFound(
+        raise NotFoundError(
             f"No user with email {address}. Create one with "
             f"'osmosis platform user create {address}'.",
             code="USER_NOT_FOUND",
@@ -126,7 +126,7 @@ def create_workspace(session: Session, name: str, *, repo: str, clone_url: str) 
 def workspace_by_name(session: Session, name: str) -> Workspace:
     workspace = session.scalar(select(Workspace).where(Workspace.name == name.strip()))
     if workspace is None:
-        raise NotFound(f"No workspace named {name!r}.", code="WORKSPACE_NOT_FOUND")
+        raise NotFoundError(f"No workspace named {name!r}.", code="WORKSPACE_NOT_FOUND")
     return workspace
 
 

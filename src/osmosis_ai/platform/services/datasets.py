@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.deadlines import DATASET_PROCESSING
 from osmosis_ai.errors import DeadlineError
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError
 from osmosis_ai.platform.objects import (
     DEFAULT_EXPIRES_IN,
     ObjectNotFound,
@@ -87,7 +87,7 @@ class DatasetExists(Conflict):
         return {**super().envelope(), "existing_dataset_id": self.existing_id}
 
 
-class DatasetNotFound(NotFound):
+class DatasetNotFound(NotFoundError):
     default_code = "DATASET_NOT_FOUND"
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.auth import IssuedToken, hash_token, issue_token
-from osmosis_ai.platform.errors import InvalidRequest, NotFound, PlatformError
+from osmosis_ai.platform.errors import InvalidRequest, NotFoundError, PlatformError
 from osmosis_ai.platform.store.orm import DeviceAuthorization, User
 
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"  # no vowels (no words), no look-alikes
@@ -181,7 +181,7 @@ def _pending(session: Session, code: str, *, now: datetime) -> DeviceAuthorizati
         .order_by(DeviceAuthorization.created_at.desc())
     )
     if found is None:
-        raise NotFound(
+        raise NotFoundError(
             f"No login is waiting for code {format_user_code(code)}: it expired, was "
             "already decided, or was mistyped. Start 'osmosis auth login' again.",
             code="DEVICE_CODE_NOT_FOUND",

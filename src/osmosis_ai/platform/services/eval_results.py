@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError
 from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, check_key
 from osmosis_ai.platform.services import storage
 from osmosis_ai.platform.services.accounts import require_creator_or_manager
@@ -330,7 +330,7 @@ def download_urls(
         except InvalidObjectKey:
             raise InvalidRequest(f"{token!r} is not a file of this run", field="items") from None
         if not store.exists(key):
-            raise NotFound(
+            raise NotFoundError(
                 f"the file {path!r} ({token}) of eval run {run.name!r} is gone; list the files "
                 "again (GET …/samples/manifest)",
                 code="SAMPLE_FILE_NOT_FOUND",
@@ -614,7 +614,7 @@ def _insert_named(session: Session, run: Run, name: str) -> None:
 def get_import(session: Session, workspace: WorkspaceAccess, session_id: str) -> EvalImport:
     found = session.get(EvalImport, session_id)
     if found is None or found.workspace_id != workspace.id:
-        raise NotFound(
+        raise NotFoundError(
             f"No import session {session_id!r}; start the upload again with osmosis eval upload",
             code="IMPORT_NOT_FOUND",
         )
@@ -651,7 +651,9 @@ def sign_uploads(
     for path in paths:
         item = by_path.get(path)
         if item is None:
-            raise NotFound(f"{path!r} is not a file of this import", code="IMPORT_FILE_NOT_FOUND")
+            raise NotFoundError(
+                f"{path!r} is not a file of this import", code="IMPORT_FILE_NOT_FOUND"
+            )
         size = cast(int, item["size"])
         key = import_key(imported.run_id, path)
         upload_id = random.token_hex(16)
@@ -670,7 +672,7 @@ def complete_file(imported: EvalImport, path: str, store: ObjectStore) -> dict[s
     files = [dict(item) for item in imported.files]
     item = next((f for f in files if f.get("path") == path), None)
     if item is None:
-        raise NotFound(f"{path!r} is not a file of this import", code="IMPORT_FILE_NOT_FOUND")
+        raise NotFoundError(f"{path!r} is not a file of this import", code="IMPORT_FILE_NOT_FOUND")
     key = import_key(imported.run_id, path)
     size = cast(int, item["size"])
     if item.get("state") != "uploaded":

@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError
 from osmosis_ai.platform.services.accounts import display_names
 from osmosis_ai.platform.services.paging import Page, offset_page
 from osmosis_ai.platform.store.orm import Model, Run
@@ -78,7 +78,7 @@ MAX_ACTIVE_DEPLOYMENTS = 4
 HF_BASE_URL = "https://huggingface.co"
 
 
-class ModelNotFound(NotFound):
+class ModelNotFound(NotFoundError):
     default_code = "MODEL_NOT_FOUND"
 
 

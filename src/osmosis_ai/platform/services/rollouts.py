@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import gitsync
-from osmosis_ai.platform.errors import NotFound
+from osmosis_ai.platform.errors import NotFoundError
 from osmosis_ai.platform.services.paging import MAX_PAGE, Page, check_page, offset_page
 from osmosis_ai.platform.settings import PlatformSettings
 from osmosis_ai.platform.store.database import Database
@@ -94,7 +94,9 @@ def _recent_outcome(
     with database.read() as session:
         workspace = session.get(Workspace, workspace_id)
         if workspace is None:
-            raise NotFound(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
+            raise NotFoundError(
+                f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND"
+            )
         fetched_at = workspace.git_fetched_at
         if fetched_at is None or not timedelta(0) <= now() - fetched_at < max_age:
             return None  # never fetched, too old, or the clock went back: fetch
@@ -122,7 +124,9 @@ def _sync_locked(
     with database.transaction() as session:
         workspace = session.get(Workspace, workspace_id)
         if workspace is None:
-            raise NotFound(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
+            raise NotFoundError(
+                f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND"
+            )
         clone_url = workspace.clone_url
         synced = _synced_heads(session, workspace_id)
     try:
@@ -151,7 +155,9 @@ def _sync_locked(
     with database.transaction() as session:
         workspace = session.get(Workspace, workspace_id)
         if workspace is None:  # deleted while git ran
-            raise NotFound(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
+            raise NotFoundError(
+                f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND"
+            )
         workspace.default_branch = default
         workspace.git_fetched_at = started
         rows = {
@@ -273,7 +279,7 @@ def list_rollouts(
     check_page(limit, offset)
     workspace = session.get(Workspace, workspace_id)
     if workspace is None:
-        raise NotFound(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
+        raise NotFoundError(f"No workspace with id {workspace_id!r}.", code="WORKSPACE_NOT_FOUND")
     chosen = branch or workspace.default_branch
     if chosen is None:
         return RolloutPage(items=[], total_count=0, offset=offset, branch=None)

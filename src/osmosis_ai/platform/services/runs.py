@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SecretBox
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFound
+from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError
 from osmosis_ai.platform.services import rollouts as rollout_service
 from osmosis_ai.platform.services.accounts import WorkspaceAccess, require_creator_or_manager
 from osmosis_ai.platform.services.datasets import dataset_for_run
@@ -78,7 +78,7 @@ _ANIMALS = (
 )  # fmt: skip
 
 
-class RunNotFound(NotFound):
+class RunNotFound(NotFoundError):
     default_code = "RUN_NOT_FOUND"
 
 
@@ -237,14 +237,14 @@ def resolve_source(
         else:
             branch = experiment.branch or outcome.default_branch
             if branch is None or not outcome.branches:
-                raise NotFound(
+                raise NotFoundError(
                     f"The repository {repo} has no branches yet: push a commit first.",
                     code="BRANCH_NOT_FOUND",
                     field="experiment_config.branch",
                 )
             head = gitsync.branch_head(mirror, branch)
             if head is None:
-                raise NotFound(
+                raise NotFoundError(
                     f"The repository {repo} has no branch {branch!r}: push it, or fix "
                     "[experiment].branch.",
                     code="BRANCH_NOT_FOUND",
@@ -254,7 +254,7 @@ def resolve_source(
             commit = head
             where = f"branch {branch} ({commit[:12]})"
         if gitsync.object_type(mirror, f"{commit}:{experiment.rollout_dir}") != "tree":
-            raise NotFound(
+            raise NotFoundError(
                 f"There is no rollout {experiment.rollout!r} ({experiment.rollout_dir}/) in "
                 f"{repo} at {where}: commit and push it, or fix [experiment].rollout.",
                 code="ROLLOUT_NOT_FOUND",
@@ -262,7 +262,7 @@ def resolve_source(
                 details={"rollout": experiment.rollout, "commit_sha": commit, "branch": branch},
             )
         if gitsync.object_type(mirror, f"{commit}:{experiment.entrypoint_path}") != "blob":
-            raise NotFound(
+            raise NotFoundError(
                 f"The entrypoint {experiment.entrypoint_path} is not a file in {repo} at "
                 f"{where}: commit and push it, or fix [experiment].entrypoint.",
                 code="ENTRYPOINT_NOT_FOUND",
@@ -275,7 +275,7 @@ def resolve_source(
 def _pinned_commit(mirror: Path, repo: str, sha: str) -> str:
     matches = gitsync.commits_matching(mirror, sha)
     if not matches:
-        raise NotFound(
+        raise NotFoundError(
             f"The commit {sha} is not in {repo}: push it, or fix [experiment].commit_sha.",
             code="COMMIT_NOT_FOUND",
             field="experiment_config.commit_sha",

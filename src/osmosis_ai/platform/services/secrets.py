@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.crypto import SecretBox
-from osmosis_ai.platform.errors import InvalidRequest, NotFound, PermissionDenied
+from osmosis_ai.platform.errors import InvalidRequest, NotFoundError, PermissionDenied
 from osmosis_ai.platform.services import accounts
 from osmosis_ai.platform.services.accounts import MANAGER_ROLES, WorkspaceAccess
 from osmosis_ai.platform.services.paging import Page, offset_page
@@ -173,7 +173,7 @@ def delete_secret(
     secret = _find(session, workspace.id, user_id, name, scope)
     if secret is None:
         shown = "personal" if scope == "user" else scope
-        raise NotFound(
+        raise NotFoundError(
             f"No {shown} secret named {name!r} in workspace {workspace.name!r}.",
             code="SECRET_NOT_FOUND",
         )

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import training_metrics
-from osmosis_ai.platform.errors import Conflict, NotFound
+from osmosis_ai.platform.errors import Conflict, NotFoundError
 from osmosis_ai.platform.objects import DEFAULT_EXPIRES_IN, ObjectStore, UrlSigner
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.runs import get_run
@@ -27,7 +27,7 @@ NOT_STARTED = ("pending", "queued")
 MAX_CHECKPOINT_FILES = 1000
 
 
-class CheckpointNotFound(NotFound):
+class CheckpointNotFound(NotFoundError):
     default_code = "CHECKPOINT_NOT_FOUND"
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep
 from osmosis_ai.platform.api.objects import object_store
-from osmosis_ai.platform.errors import InvalidRequest, NotFound, PlatformError
+from osmosis_ai.platform.errors import InvalidRequest, NotFoundError, PlatformError
 from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, ObjectStore, check_key
 from osmosis_ai.platform.services import runs
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
@@ -399,7 +399,7 @@ def _preview(store: ObjectStore, prefix: str, path: str) -> dict[str, Any] | Non
 def _sample(db: Session, run: Run, row: int, n: int) -> RunSample:
     sample = db.get(RunSample, (run.id, row, n))
     if sample is None:
-        raise NotFound(
+        raise NotFoundError(
             f"Evaluation run {run.name!r} has no sample at row {row}, run {n}.",
             code="SAMPLE_NOT_FOUND",
         )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from osmosis_ai.errors import ConfigError
 from osmosis_ai.platform import gitsync
-from osmosis_ai.platform.errors import NotFound
+from osmosis_ai.platform.errors import NotFoundError
 from osmosis_ai.platform.settings import PlatformSettings
 from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import Workspace
@@ -55,7 +55,7 @@ def write_in_checkout(checkout: Path, relative: Path, text: str) -> Path:
     return path
 
 
-class CommitNotFound(NotFound):
+class CommitNotFound(NotFoundError):
     """The run's commit is in neither the mirror nor the repository it mirrors."""
 
     default_code = "COMMIT_NOT_FOUND"
@@ -123,7 +123,7 @@ def _clone_url(database: Database, workspace_id: str) -> str:
     with database.read() as session:
         workspace = session.get(Workspace, workspace_id)
         if workspace is None:
-            raise NotFound(
+            raise NotFoundError(
                 f"No workspace with id {workspace_id!r}: it was deleted while the run waited.",
                 code="WORKSPACE_NOT_FOUND",
             )
