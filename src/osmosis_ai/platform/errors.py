@@ -10,7 +10,7 @@ to its error code (§3.3: 400 VALIDATION, 401 AUTH_REQUIRED, 404 NOT_FOUND, 409 
     ├── AuthenticationFailed  401  no token, or an unknown, expired, revoked or foreign one
     ├── PermissionDenied      403  authenticated, but the role does not allow it
     ├── NotFoundError              404  no such resource, or not visible to this token
-    ├── Conflict              409  the resource exists already
+    ├── ConflictError              409  the resource exists already
     ├── UpgradeRequired       426  the CLI is older than the oldest one supported
     └── DatabaseError         500  the database cannot be used (e.g. its schema is newer)
 """
@@ -71,7 +71,7 @@ class NotFoundError(PlatformError):
     default_code = "NOT_FOUND"
 
 
-class Conflict(PlatformError):
+class ConflictError(PlatformError):
     status_code = 409
     default_code = "CONFLICT"
 

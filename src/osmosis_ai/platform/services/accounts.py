@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError, PermissionDenied
+from osmosis_ai.platform.errors import (
+    ConflictError,
+    InvalidRequest,
+    NotFoundError,
+    PermissionDenied,
+)
 from osmosis_ai.platform.store.orm import ROLES, Membership, User, Workspace
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
@@ -65,7 +70,7 @@ def normalize_email(email: str) -> str:
 def create_user(session: Session, email: str, *, name: str | None = None) -> User:
     address = normalize_email(email)
     if session.scalar(select(User).where(User.email == address)) is not None:
-        raise Conflict(f"A user with email {address} exists already.", field="email")
+        raise ConflictError(f"A user with email {address} exists already.", field="email")
     user = User(email=address, name=(name or "").strip() or None)
     session.add(user)
     session.flush()
@@ -110,10 +115,10 @@ def create_workspace(session: Session, name: str, *, repo: str, clone_url: str) 
     if not clone_url.strip():
         raise InvalidRequest("The clone URL is empty: give any git URL or path.", field="clone_url")
     if session.scalar(select(Workspace).where(Workspace.name == label)) is not None:
-        raise Conflict(f"A workspace named {label!r} exists already.", field="name")
+        raise ConflictError(f"A workspace named {label!r} exists already.", field="name")
     taken = session.scalar(select(Workspace).where(Workspace.repo_full_name == full_name))
     if taken is not None:
-        raise Conflict(
+        raise ConflictError(
             f"The repository {full_name} is connected to workspace {taken.name!r} already.",
             field="repo",
         )

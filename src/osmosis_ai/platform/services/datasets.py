@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.deadlines import DATASET_PROCESSING
 from osmosis_ai.errors import DeadlineError
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, InvalidRequest, NotFoundError
 from osmosis_ai.platform.objects import (
     DEFAULT_EXPIRES_IN,
     ObjectNotFound,
@@ -68,7 +68,7 @@ MAX_NAME_BYTES = 200
 _BAD_NAME_CHARS = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
-class DatasetExists(Conflict):
+class DatasetExists(ConflictError):
     """409 naming the dataset that holds the name (the CLI offers ``--overwrite``)."""
 
     default_code = "DATASET_EXISTS"
@@ -306,7 +306,7 @@ def complete_upload(
     if dataset.status != "uploading":
         if upload is not None and upload.state == "completed":
             return dataset
-        raise Conflict(
+        raise ConflictError(
             f"dataset {dataset.file_name!r} is {dataset.status}, not uploading: start a new upload",
             code="DATASET_NOT_UPLOADING",
         )
@@ -317,7 +317,9 @@ def complete_upload(
             field="file_extension",
         )
     if upload is None or upload.state != "pending":
-        raise Conflict(f"dataset {dataset.file_name!r} has no upload in flight", code="NO_UPLOAD")
+        raise ConflictError(
+            f"dataset {dataset.file_name!r} has no upload in flight", code="NO_UPLOAD"
+        )
     if upload.method == "multipart":
         if not parts:
             raise InvalidRequest(
@@ -378,7 +380,7 @@ def abort_upload(
     if dataset.status == "cancelled":
         return dataset
     if dataset.status != "uploading":
-        raise Conflict(
+        raise ConflictError(
             f"dataset {dataset.file_name!r} is {dataset.status}: only an upload in flight can "
             "be aborted",
             code="DATASET_NOT_UPLOADING",
@@ -706,7 +708,7 @@ def download_dataset(
 ) -> Download:
     dataset = get_dataset(session, workspace, name_or_id)
     if dataset.status != "uploaded":
-        raise Conflict(
+        raise ConflictError(
             f"dataset {dataset.file_name!r} is {dataset.status}: only an uploaded dataset can "
             "be downloaded",
             code="DATASET_NOT_READY",

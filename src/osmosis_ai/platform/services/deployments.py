@@ -25,7 +25,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest
+from osmosis_ai.platform.errors import ConflictError, InvalidRequest
 from osmosis_ai.platform.services.accounts import WorkspaceAccess, require_creator_or_manager
 from osmosis_ai.platform.services.models import MAX_ACTIVE_DEPLOYMENTS, get_lora_model
 from osmosis_ai.platform.settings import PlatformSettings, load_settings
@@ -42,13 +42,13 @@ INACTIVE = "inactive"
 MODEL_PATH_PREFIX = "openai/"
 
 
-class DeploymentQuotaExceeded(Conflict):
+class DeploymentQuotaExceeded(ConflictError):
     """The workspace serves as many models as its quota allows."""
 
     default_code = "DEPLOYMENT_QUOTA_EXCEEDED"
 
 
-class ModelNotDeployed(Conflict):
+class ModelNotDeployed(ConflictError):
     """A run names a LoRA model that is not deployed."""
 
     default_code = "MODEL_NOT_DEPLOYED"

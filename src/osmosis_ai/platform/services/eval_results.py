@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, InvalidRequest, NotFoundError
 from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, check_key
 from osmosis_ai.platform.services import storage
 from osmosis_ai.platform.services.accounts import require_creator_or_manager
@@ -365,14 +365,14 @@ def retry_run(
         code="RUN_RETRY_FORBIDDEN",
     )
     if run.status not in TERMINAL["eval"]:
-        raise Conflict(
+        raise ConflictError(
             f"The eval run {run.name!r} is {run.status}: only a run that ended can be retried.",
             code="RUN_NOT_ENDED",
             details={"status": run.status},
         )
     imported = session.scalar(select(EvalImport.id).where(EvalImport.run_id == run.id))
     if imported is not None:
-        raise Conflict(
+        raise ConflictError(
             f"The eval run {run.name!r} was imported from a local run: rerun it locally with "
             "osmosis eval run --retry-failed, then upload it again.",
             code="RUN_IMPORTED",
@@ -384,7 +384,7 @@ def retry_run(
     )
     count = int(failed or 0)
     if count == 0 and run.status == "finished":
-        raise Conflict(
+        raise ConflictError(
             f"The eval run {run.name!r} has no failed items to retry.", code="NOTHING_TO_RETRY"
         )
     given = [name for name, scope in run.secret_scopes.items() if scope == "provided"]
@@ -623,7 +623,7 @@ def get_import(session: Session, workspace: WorkspaceAccess, session_id: str) ->
 
 def _open(imported: EvalImport) -> None:
     if imported.status != "uploading":
-        raise Conflict("this import was finalized already", code="IMPORT_FINALIZED")
+        raise ConflictError("this import was finalized already", code="IMPORT_FINALIZED")
 
 
 @dataclass(frozen=True)
@@ -678,7 +678,7 @@ def complete_file(imported: EvalImport, path: str, store: ObjectStore) -> dict[s
     if item.get("state") != "uploaded":
         upload_id = item.get("upload_id")
         if not isinstance(upload_id, str):
-            raise Conflict(
+            raise ConflictError(
                 f"{path!r} was never sent: request its upload first", code="NOT_UPLOADED"
             )
         try:
@@ -718,7 +718,7 @@ def finalize_import(
         return run
     waiting = [str(f["path"]) for f in imported.files if f.get("state") != "uploaded"]
     if waiting:
-        raise Conflict(
+        raise ConflictError(
             f"{len(waiting)} files are not uploaded yet (e.g. {waiting[0]}); upload them, then "
             "finalize",
             code="IMPORT_INCOMPLETE",

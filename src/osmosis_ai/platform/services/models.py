@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, InvalidRequest, NotFoundError
 from osmosis_ai.platform.services.accounts import display_names
 from osmosis_ai.platform.services.paging import Page, offset_page
 from osmosis_ai.platform.store.orm import Model, Run
@@ -56,7 +56,7 @@ def register_base_model(
         )
     config = check_model_dir(path)
     if session.scalar(select(Model).where(Model.name == name)) is not None:
-        raise Conflict(f"A model named {name!r} exists already.", field="name")
+        raise ConflictError(f"A model named {name!r} exists already.", field="name")
     origin = config.get("_name_or_path")
     base_model = origin if isinstance(origin, str) and origin and "/" in origin else name
     model = Model(

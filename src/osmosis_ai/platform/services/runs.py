@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SecretBox
-from osmosis_ai.platform.errors import Conflict, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, InvalidRequest, NotFoundError
 from osmosis_ai.platform.services import rollouts as rollout_service
 from osmosis_ai.platform.services.accounts import WorkspaceAccess, require_creator_or_manager
 from osmosis_ai.platform.services.datasets import dataset_for_run
@@ -458,7 +458,7 @@ def stop_run(
     if run.status == "stopped":
         return run
     if run.status in TERMINAL[kind]:
-        raise Conflict(
+        raise ConflictError(
             f"The {label(kind)} {run.name!r} already ended ({run.status}); only a run that is "
             "pending, queued or running can be stopped.",
             code="RUN_ALREADY_ENDED",

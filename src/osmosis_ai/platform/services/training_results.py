@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import training_metrics
-from osmosis_ai.platform.errors import Conflict, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, NotFoundError
 from osmosis_ai.platform.objects import DEFAULT_EXPIRES_IN, ObjectStore, UrlSigner
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.runs import get_run
@@ -160,12 +160,12 @@ def checkpoint_download(
     prefix = checkpoint.object_prefix.rstrip("/") + "/"
     stored = objects.list(prefix)
     if not stored:
-        raise Conflict(
+        raise ConflictError(
             f"The files of checkpoint {checkpoint.name!r} are missing from the object store",
             code="CHECKPOINT_FILES_MISSING",
         )
     if len(stored) > MAX_CHECKPOINT_FILES:
-        raise Conflict(
+        raise ConflictError(
             f"Checkpoint {checkpoint.name!r} has {len(stored)} files, more than "
             f"{MAX_CHECKPOINT_FILES} can be listed at once",
             code="CHECKPOINT_TOO_MANY_FILES",

@@ -30,7 +30,7 @@ from typing import Literal
 from sqlalchemy import or_, select, text, update
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import Conflict
+from osmosis_ai.platform.errors import ConflictError
 from osmosis_ai.platform.services.runs import TERMINAL, add_log, finish
 from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import Run, Worker
@@ -45,7 +45,7 @@ WAKE_MESSAGE = b"runs"
 HeartbeatState = Literal["ok", "stopped", "lost"]
 
 
-class LeaseLost(Conflict):
+class LeaseLost(ConflictError):
     """The run was claimed again by another attempt (or ended): this worker must let go."""
 
     default_code = "LEASE_LOST"
