@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequestError, NotFoundError
 from osmosis_ai.platform.store.orm import Token, User
 
 TOKEN_PREFIX = "osm_"
@@ -60,7 +60,7 @@ def new_raw_token() -> str:
 
 def token_lifetime(days: int) -> timedelta:
     if not 1 <= days <= MAX_TOKEN_DAYS:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"A token lifetime of {days} days is out of range: pick 1 to {MAX_TOKEN_DAYS}.",
             field="expires_days",
         )

@@ -6,7 +6,7 @@ to its error code (§3.3: 400 VALIDATION, 401 AUTH_REQUIRED, 404 NOT_FOUND, 409 
 426 UPGRADE_REQUIRED). Importing this module costs nothing: no server or database code.
 
     PlatformError (OsmosisError)
-    ├── InvalidRequest        400  the request is malformed or names a bad value
+    ├── InvalidRequestError        400  the request is malformed or names a bad value
     ├── AuthenticationFailed  401  no token, or an unknown, expired, revoked or foreign one
     ├── PermissionDenied      403  authenticated, but the role does not allow it
     ├── NotFoundError              404  no such resource, or not visible to this token
@@ -51,7 +51,7 @@ class PlatformError(OsmosisError):
         return body
 
 
-class InvalidRequest(PlatformError):
+class InvalidRequestError(PlatformError):
     status_code = 400
     default_code = "VALIDATION"
 

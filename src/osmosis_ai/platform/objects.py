@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar, TypeVarTuple
 from urllib.parse import quote, urlencode
 
-from osmosis_ai.platform.errors import InvalidRequest, NotFoundError, PermissionDenied
+from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PermissionDenied
 
 MAX_KEY_BYTES = 1024
 MAX_SEGMENT_BYTES = 255  # one file or folder name on Linux filesystems
@@ -56,7 +56,7 @@ _R = TypeVar("_R")
 _Args = TypeVarTuple("_Args")
 
 
-class InvalidObjectKey(InvalidRequest):
+class InvalidObjectKey(InvalidRequestError):
     """An object key that is not a normal relative path under the store's root."""
 
     default_code = "INVALID_OBJECT_KEY"
@@ -69,7 +69,7 @@ class InvalidObjectKey(InvalidRequest):
         )
 
 
-class UploadSizeMismatch(InvalidRequest):
+class UploadSizeMismatch(InvalidRequestError):
     """An upload body longer or shorter than the size it was signed for."""
 
     default_code = "UPLOAD_SIZE_MISMATCH"
@@ -94,7 +94,7 @@ class UploadSizeMismatch(InvalidRequest):
         )
 
 
-class InvalidUploadPart(InvalidRequest):
+class InvalidUploadPart(InvalidRequestError):
     """A multipart completion that names a missing part or a wrong ETag."""
 
     default_code = "INVALID_PART"
@@ -303,7 +303,7 @@ class ObjectStore:
         try:
             folder.mkdir()
         except FileExistsError:
-            raise InvalidRequest(f"upload {upload_id!r} is already open") from None
+            raise InvalidRequestError(f"upload {upload_id!r} is already open") from None
         (folder / "key").write_text(key, encoding="utf-8")
         return upload_id
 
@@ -494,7 +494,7 @@ class ObjectStore:
 
     def _upload_folder(self, upload_id: str) -> Path:
         if not _UPLOAD_ID.match(upload_id):
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"invalid upload id {upload_id!r}: use 8 to 64 letters, digits, '-' or '_'"
             )
         return self._uploads / upload_id

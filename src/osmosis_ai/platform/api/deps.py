@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from osmosis_ai.platform.api.access import AccessCache
 from osmosis_ai.platform.auth import Principal, authenticate, hash_token, recheck, touch_token
-from osmosis_ai.platform.errors import InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError
 from osmosis_ai.platform.services.accounts import (
     WorkspaceAccess,
     normalize_repo,
@@ -135,8 +135,8 @@ async def optional_workspace(
     if git:
         try:
             repo = normalize_repo(git)
-        except InvalidRequest:
-            raise InvalidRequest(
+        except InvalidRequestError:
+            raise InvalidRequestError(
                 f"The X-Osmosis-Git header {git!r} is not an owner/repo identity.",
                 code="GIT_SCOPE_HEADER_INVALID",
                 field="X-Osmosis-Git",
@@ -172,7 +172,7 @@ async def required_workspace(
 ) -> WorkspaceAccess:
     """The workspace of a repo-scoped call: 400 when the request names none."""
     if workspace is None:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             "This call needs a workspace: send X-Osmosis-Git: owner/repo (run the command "
             "inside the workspace repository).",
             code="GIT_SCOPE_HEADER_REQUIRED",

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from osmosis_ai.platform.api.limits import RateLimited
-from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequest, PlatformError
+from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequestError, PlatformError
 
 logger = logging.getLogger("osmosis_ai.platform")
 
@@ -59,7 +59,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
             location = location[1:]
         issues.append({"key": ".".join(location) or "body", "message": str(raw.get("msg", ""))})
     summary = "; ".join(f"{issue['key']}: {issue['message']}" for issue in issues[:5])
-    error = InvalidRequest(
+    error = InvalidRequestError(
         f"Invalid request: {summary}" if summary else "Invalid request.",
         field=str(issues[0]["key"]) if issues else None,
         details={"issues": issues},

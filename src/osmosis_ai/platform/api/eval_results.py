@@ -15,7 +15,7 @@ from osmosis_ai.platform.api.deps import PlatformDep, PrincipalDep, WorkspaceDep
 from osmosis_ai.platform.api.objects import CONTENT_TYPE, object_store, url_signer
 from osmosis_ai.platform.api.secrets import secret_box
 from osmosis_ai.platform.api.wire import WireModel
-from osmosis_ai.platform.errors import InvalidRequest
+from osmosis_ai.platform.errors import InvalidRequestError
 from osmosis_ai.platform.objects import ObjectNotFound
 from osmosis_ai.platform.services import eval_results as service
 from osmosis_ai.platform.services import work
@@ -245,7 +245,7 @@ def open_import(
     body: ImportIn, platform: PlatformDep, principal: PrincipalDep, workspace: WorkspaceDep
 ) -> ImportSessionOut:
     if body.schema_version != 1:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"schema_version {body.schema_version} is not supported (1 is); upgrade osmosis-ai",
             field="schema_version",
         )
@@ -306,7 +306,9 @@ def import_upload_complete(
     session_id: str, body: CompleteIn, platform: PlatformDep, workspace: WorkspaceDep
 ) -> CompletedOut:
     if body.parts:
-        raise InvalidRequest("uploads of a local run are simple PUTs: send no parts", field="parts")
+        raise InvalidRequestError(
+            "uploads of a local run are simple PUTs: send no parts", field="parts"
+        )
     with platform.transaction() as session:
         imported = service.get_import(session, workspace, session_id)
         item = service.complete_file(imported, body.path, object_store(platform))
@@ -326,7 +328,7 @@ def import_finalize(
             imported = service.get_import(session, workspace, session_id)
             run = service.finalize_import(session, imported, store, now=platform.now())
             return _finalized(imported, run)
-    except (InvalidRequest, ObjectNotFound) as exc:
+    except (InvalidRequestError, ObjectNotFound) as exc:
         # What was uploaded cannot become a run: the run ends failed, saying why.
         with platform.transaction() as session:
             imported = service.get_import(session, workspace, session_id)

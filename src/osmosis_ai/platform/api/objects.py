@@ -24,7 +24,7 @@ from starlette.routing import Route, Router
 
 from osmosis_ai.platform.api.deps import Platform
 from osmosis_ai.platform.crypto import load_or_create_key
-from osmosis_ai.platform.errors import InvalidRequest, PlatformError
+from osmosis_ai.platform.errors import InvalidRequestError, PlatformError
 from osmosis_ai.platform.objects import (
     ObjectStore,
     SignatureRejected,
@@ -156,7 +156,7 @@ def _check_content_type(request: Request, expected: str) -> None:
 def _upload_for(store: ObjectStore, fields: Mapping[str, str], key: str) -> str:
     upload_id = fields.get("upload_id", "")
     if store.upload_key(upload_id) != key:
-        raise InvalidRequest(f"upload {upload_id!r} is not for object {key!r}")
+        raise InvalidRequestError(f"upload {upload_id!r} is not for object {key!r}")
     return upload_id
 
 

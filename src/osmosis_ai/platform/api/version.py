@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.platform.errors import InvalidRequest, PlatformError, UpgradeRequired
+from osmosis_ai.platform.errors import InvalidRequestError, PlatformError, UpgradeRequired
 
 # The oldest CLI whose calls this platform still answers: the /api/cli contract of 0.3.
 MIN_SUPPORTED_CLI_VERSION = "0.3.0"
@@ -106,9 +106,9 @@ class VersionSignalMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
-def _malformed(text: str) -> InvalidRequest:
+def _malformed(text: str) -> InvalidRequestError:
     shown = text if len(text) <= MAX_VERSION_CHARS else text[:MAX_VERSION_CHARS] + "…"
-    return InvalidRequest(
+    return InvalidRequestError(
         f"The {CLI_VERSION_HEADER} header {shown!r} is not a version: send the osmosis-ai "
         "version, such as 0.3.8, or leave the header out.",
         code="INVALID_CLI_VERSION",

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import (
     ConflictError,
-    InvalidRequest,
+    InvalidRequestError,
     NotFoundError,
     PermissionDenied,
 )
@@ -63,7 +63,7 @@ def require_creator_or_manager(
 def normalize_email(email: str) -> str:
     value = email.strip().lower()
     if not _EMAIL.match(value) or len(value) > 320:
-        raise InvalidRequest(f"Not an email address: {email!r}.", field="email")
+        raise InvalidRequestError(f"Not an email address: {email!r}.", field="email")
     return value
 
 
@@ -96,7 +96,7 @@ def normalize_repo(repo: str) -> str:
     """``owner/repo`` lower-cased; a ``.git`` suffix is dropped."""
     value = repo.strip().lower().removesuffix(".git")
     if not _REPO.match(value):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"Not a repository name: {repo!r}. Give it as OWNER/REPO, e.g. acme/agents.",
             field="repo",
         )
@@ -106,14 +106,16 @@ def normalize_repo(repo: str) -> str:
 def create_workspace(session: Session, name: str, *, repo: str, clone_url: str) -> Workspace:
     label = name.strip()
     if not _WORKSPACE_NAME.match(label):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"Not a workspace name: {name!r}. Use up to 100 letters, digits, spaces, "
             "'.', '_' or '-', starting with a letter or digit.",
             field="name",
         )
     full_name = normalize_repo(repo)
     if not clone_url.strip():
-        raise InvalidRequest("The clone URL is empty: give any git URL or path.", field="clone_url")
+        raise InvalidRequestError(
+            "The clone URL is empty: give any git URL or path.", field="clone_url"
+        )
     if session.scalar(select(Workspace).where(Workspace.name == label)) is not None:
         raise ConflictError(f"A workspace named {label!r} exists already.", field="name")
     taken = session.scalar(select(Workspace).where(Workspace.repo_full_name == full_name))
@@ -138,7 +140,9 @@ def workspace_by_name(session: Session, name: str) -> Workspace:
 def add_member(session: Session, workspace: Workspace, user: User, *, role: str) -> Membership:
     """Add ``user`` to ``workspace`` with ``role``, or change the role of a member."""
     if role not in ROLES:
-        raise InvalidRequest(f"Not a role: {role!r}. Pick one of {', '.join(ROLES)}.", field="role")
+        raise InvalidRequestError(
+            f"Not a role: {role!r}. Pick one of {', '.join(ROLES)}.", field="role"
+        )
     membership = session.get(Membership, (workspace.id, user.id))
     if membership is None:
         membership = Membership(workspace_id=workspace.id, user_id=user.id, role=role)

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.deadlines import DATASET_PROCESSING
 from osmosis_ai.errors import DeadlineError
-from osmosis_ai.platform.errors import ConflictError, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, InvalidRequestError, NotFoundError
 from osmosis_ai.platform.objects import (
     DEFAULT_EXPIRES_IN,
     ObjectNotFound,
@@ -125,16 +125,16 @@ def stored_file_name(dataset: Dataset) -> str:
 def check_name(name: str) -> str:
     """A dataset name (a file stem); path separators, control characters and dot names refused."""
     if not name or not name.strip():
-        raise InvalidRequest(
+        raise InvalidRequestError(
             "file_name is empty: name the dataset by its file stem", field="file_name"
         )
     if name != name.strip():
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"file_name {name!r} starts or ends with white space; remove it", field="file_name"
         )
     size = len(name.encode("utf-8", errors="replace"))
     if size > MAX_NAME_BYTES:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"file_name is {size} bytes in UTF-8; the limit is {MAX_NAME_BYTES} bytes (a "
             "character outside ASCII takes 2 to 4): use a shorter name",
             field="file_name",
@@ -142,7 +142,7 @@ def check_name(name: str) -> str:
     bad = _BAD_NAME_CHARS.search(name)
     if bad or name in (".", ".."):
         what = f"the character {bad.group()!r}" if bad else "a relative path"
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"file_name {name!r} contains {what}: a dataset name is a file stem without "
             "folders, such as 'train-v2'",
             field="file_name",
@@ -153,7 +153,7 @@ def check_name(name: str) -> str:
 def check_extension(extension: str) -> str:
     value = extension.strip().lower().lstrip(".")
     if value not in EXTENSIONS:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"extension {extension!r} is not supported: use jsonl, csv or parquet",
             field="extension",
         )
@@ -181,7 +181,7 @@ def create_dataset(
     ext = check_extension(extension)
     expire_stale_uploads(session, store, now, workspace_id=workspace.id)
     if not 0 < file_size <= MAX_FILE_SIZE:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"file_size {file_size} is out of range: a dataset holds 1 byte to "
             f"{MAX_FILE_SIZE} bytes (5 GiB)",
             field="file_size",
@@ -311,7 +311,7 @@ def complete_upload(
             code="DATASET_NOT_UPLOADING",
         )
     if file_extension is not None and check_extension(file_extension) != dataset.extension:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"file_extension {file_extension!r} differs from the {dataset.extension!r} the "
             "upload was created with",
             field="file_extension",
@@ -322,19 +322,19 @@ def complete_upload(
         )
     if upload.method == "multipart":
         if not parts:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 "this upload is multipart: send parts [{PartNumber, ETag}] for every part",
                 field="parts",
             )
         numbers = sorted(number for number, _ in parts)
         if numbers != list(range(1, (upload.total_parts or 0) + 1)):
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"parts must name each of the {upload.total_parts} parts once, got part "
                 f"numbers {numbers}",
                 field="parts",
             )
     elif parts:
-        raise InvalidRequest("this upload is a simple PUT: send no parts", field="parts")
+        raise InvalidRequestError("this upload is a simple PUT: send no parts", field="parts")
     key = dataset.object_key or object_key(dataset)
     try:
         store.complete_upload(

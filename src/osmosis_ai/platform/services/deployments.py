@@ -25,7 +25,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import ConflictError, InvalidRequest
+from osmosis_ai.platform.errors import ConflictError, InvalidRequestError
 from osmosis_ai.platform.services.accounts import WorkspaceAccess, require_creator_or_manager
 from osmosis_ai.platform.services.models import MAX_ACTIVE_DEPLOYMENTS, get_lora_model
 from osmosis_ai.platform.settings import PlatformSettings, load_settings
@@ -92,7 +92,7 @@ def max_active_deployments(environ: Mapping[str, str] | None = None) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"{MAX_DEPLOYMENTS_ENV}={text!r} is not a count of deployments: give a whole "
             f"number such as {MAX_ACTIVE_DEPLOYMENTS} (0 turns deploying off)."
         )
@@ -216,7 +216,7 @@ def checkpoint_source(session: Session, model: Model) -> CheckpointSource:
         )
         if prefix:
             return CheckpointSource(object_prefix=prefix)
-    raise InvalidRequest(
+    raise InvalidRequestError(
         f"LoRA model {model.name!r} has no checkpoint this platform can read (path "
         f"{path!r}); it must name a folder or an object prefix such as "
         "runs/<run_id>/checkpoints/step-<N>.",

@@ -17,7 +17,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.auth import IssuedToken, hash_token, issue_token
-from osmosis_ai.platform.errors import InvalidRequest, NotFoundError, PlatformError
+from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PlatformError
 from osmosis_ai.platform.store.orm import DeviceAuthorization, User
 
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"  # no vowels (no words), no look-alikes
@@ -75,7 +75,7 @@ def format_user_code(code: str) -> str:
 def normalize_user_code(text: str) -> str:
     code = "".join(ch for ch in text.upper() if ch.isalnum())
     if len(code) != USER_CODE_LENGTH or any(ch not in USER_CODE_ALPHABET for ch in code):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"Not a login code: {text!r}. Copy the code the CLI printed (like BCDF-GHJK).",
             field="user_code",
         )

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import ConflictError, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, InvalidRequestError, NotFoundError
 from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, check_key
 from osmosis_ai.platform.services import storage
 from osmosis_ai.platform.services.accounts import require_creator_or_manager
@@ -197,7 +197,7 @@ def parse_types(text: str | None) -> tuple[str, ...]:
         return SAMPLE_TYPES
     unknown = [name for name in names if name not in SAMPLE_TYPES]
     if unknown:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"unknown sample types {unknown}: use any of {', '.join(SAMPLE_TYPES)}, or all",
             field="types",
         )
@@ -214,17 +214,17 @@ def parse_rows(spec: str | None) -> frozenset[int] | None:
         try:
             first, last = int(low), int(high or low)
         except ValueError:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"rows {spec!r}: {part.strip()!r} is not a row (7) or a range (10-20)",
                 field="rows",
             ) from None
         if first < 0 or last < first:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"rows {spec!r}: {part.strip()!r} is not an ascending range of rows",
                 field="rows",
             )
         if last - first > 1_000_000:
-            raise InvalidRequest(f"rows {spec!r}: the range is too long", field="rows")
+            raise InvalidRequestError(f"rows {spec!r}: the range is too long", field="rows")
         chosen.update(range(first, last + 1))
     return frozenset(chosen)
 
@@ -318,7 +318,7 @@ def download_urls(
 ) -> list[DownloadUrl]:
     """Signed GETs (15 minutes) for ``(token, path)`` pairs of the run's manifest."""
     if len(items) > MAX_DOWNLOAD_ITEMS:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"{len(items)} items requested: ask for at most {MAX_DOWNLOAD_ITEMS} at a time",
             field="items",
         )
@@ -328,7 +328,9 @@ def download_urls(
         try:
             key = f"{prefix}/{check_key(token)}"
         except InvalidObjectKey:
-            raise InvalidRequest(f"{token!r} is not a file of this run", field="items") from None
+            raise InvalidRequestError(
+                f"{token!r} is not a file of this run", field="items"
+            ) from None
         if not store.exists(key):
             raise NotFoundError(
                 f"the file {path!r} ({token}) of eval run {run.name!r} is gone; list the files "
@@ -390,7 +392,7 @@ def retry_run(
     given = [name for name, scope in run.secret_scopes.items() if scope == "provided"]
     missing = [name for name in given if not provided.get(name)]
     if missing:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"The eval run {run.name!r} was given {', '.join(missing)} at submit and those "
             "values are not kept once a run ends: pass them again (--secrets-file).",
             code="SECRETS_MISSING",
@@ -447,21 +449,21 @@ def import_key(run_id: str, path: str) -> str:
 
 def _check_import(request: ImportRequest) -> None:
     if not _HEX32.match(request.local_run_id):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"local_run_id {request.local_run_id!r} is not 32 hex digits", field="local_run_id"
         )
     if not _SHA256.match(request.manifest_digest):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             "manifest_digest must be the manifest's SHA-256 in hex", field="manifest_digest"
         )
     paths = [f.path for f in request.files]
     if len(set(paths)) != len(paths):
-        raise InvalidRequest("files name a path more than once", field="files")
+        raise InvalidRequestError("files name a path more than once", field="files")
     if INDEX_PATH not in paths:
-        raise InvalidRequest(f"files must include {INDEX_PATH}", field="files")
+        raise InvalidRequestError(f"files must include {INDEX_PATH}", field="files")
     for item in request.files:
         if item.path != INDEX_PATH and not _STEM.match(item.path):
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"{item.path!r} is not a file of a local run that can be uploaded "
                 f"({INDEX_PATH}, trajectories/row_<r>_run_<n>.json, artifacts/row_<r>_run_<n>/…)",
                 field="files",
@@ -469,14 +471,14 @@ def _check_import(request: ImportRequest) -> None:
         try:
             check_key(item.path)
         except InvalidObjectKey as exc:
-            raise InvalidRequest(str(exc), field="files") from None
+            raise InvalidRequestError(str(exc), field="files") from None
         if item.size < 0 or not _SHA256.match(item.sha256):
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"{item.path!r}: a size and a hex SHA-256 are needed", field="files"
             )
         storage.check_file_size(item.size, name=repr(item.path), field="files")
         if item.path.startswith("trajectories/") and item.size > MAX_TRAJECTORY_BYTES:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"{item.path!r} declares {item.size} bytes; a trajectory is read whole when "
                 f"the import is finalized, so it may hold at most {MAX_TRAJECTORY_BYTES} bytes",
                 field="files",
@@ -484,7 +486,7 @@ def _check_import(request: ImportRequest) -> None:
             )
     for key in ("name", "model_path", "dataset_name", "rollout_name"):
         if not isinstance(request.run.get(key), str) or not request.run.get(key):
-            raise InvalidRequest(f"run.{key} is required", field=f"run.{key}")
+            raise InvalidRequestError(f"run.{key} is required", field=f"run.{key}")
 
 
 def open_import(
@@ -644,7 +646,9 @@ def sign_uploads(
     """An upload (a signed PUT) for each of ``paths``; a path asked again gets a new one."""
     _open(imported)
     if len(paths) > MAX_UPLOAD_PATHS:
-        raise InvalidRequest(f"ask for at most {MAX_UPLOAD_PATHS} paths at a time", field="paths")
+        raise InvalidRequestError(
+            f"ask for at most {MAX_UPLOAD_PATHS} paths at a time", field="paths"
+        )
     files = [dict(item) for item in imported.files]
     by_path = {str(item["path"]): item for item in files}
     signed: list[SignedUpload] = []
@@ -689,7 +693,7 @@ def complete_file(imported: EvalImport, path: str, store: ObjectStore) -> dict[s
         digest = _sha256(store, key)
         if digest != item["sha256"]:
             store.delete(key)
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"{path!r} arrived with SHA-256 {digest}, not the {item['sha256']} named at the "
                 "start: it changed during the upload; upload it again",
                 code="CHECKSUM_MISMATCH",
@@ -819,11 +823,11 @@ def _imported_samples(
                 raise UsageError("not a JSON object")
             record = JournalRecord.from_json(cast("dict[str, object]", raw))
         except (ValueError, UsageError) as exc:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"{INDEX_PATH} line {number} is not an index entry ({exc})"
             ) from None
         if record.key in seen:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"{INDEX_PATH} names row {record.row_index} run {record.run_index} twice"
             )
         seen.add(record.key)
@@ -834,7 +838,7 @@ def _imported_samples(
             trajectory_key = import_key(run.id, path)
             document = _document(store, trajectory_key)
             if document.get("session_id") != record.rollout_id:
-                raise InvalidRequest(
+                raise InvalidRequestError(
                     f"{path} is the trajectory of another rollout, not {record.rollout_id}",
                     code="TRAJECTORY_MISMATCH",
                 )
@@ -875,7 +879,7 @@ def _document(store: ObjectStore, key: str) -> dict[str, object]:
         except ValueError:
             document = None
     if not isinstance(document, dict):
-        raise InvalidRequest(f"{key.rsplit('/', 1)[-1]} is not a JSON trajectory")
+        raise InvalidRequestError(f"{key.rsplit('/', 1)[-1]} is not a JSON trajectory")
     return cast("dict[str, object]", document)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import ConflictError, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, InvalidRequestError, NotFoundError
 from osmosis_ai.platform.services.accounts import display_names
 from osmosis_ai.platform.services.paging import Page, offset_page
 from osmosis_ai.platform.store.orm import Model, Run
@@ -23,7 +23,7 @@ def check_model_dir(path: Path) -> dict[str, object]:
     """The ``config.json`` of the Hugging Face model directory ``path``; a named error if none."""
     folder = path.expanduser()
     if not folder.is_dir():
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"Not a directory: {path}. Give the folder of a Hugging Face model "
             "(the one holding config.json).",
             field="path",
@@ -32,15 +32,17 @@ def check_model_dir(path: Path) -> dict[str, object]:
     try:
         config: object = json.loads(config_file.read_text())
     except FileNotFoundError:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"{folder} has no config.json, so it is not a Hugging Face model directory. "
             "Point --path at the folder save_pretrained() wrote.",
             field="path",
         ) from None
     except (OSError, ValueError) as exc:
-        raise InvalidRequest(f"{config_file} is not readable JSON: {exc}", field="path") from None
+        raise InvalidRequestError(
+            f"{config_file} is not readable JSON: {exc}", field="path"
+        ) from None
     if not isinstance(config, dict):
-        raise InvalidRequest(f"{config_file} does not hold a JSON object.", field="path")
+        raise InvalidRequestError(f"{config_file} does not hold a JSON object.", field="path")
     return {str(k): v for k, v in config.items()}  # pyright: ignore[reportUnknownVariableType]
 
 
@@ -49,7 +51,7 @@ def register_base_model(
 ) -> Model:
     """Record the model directory ``path`` as base model ``name`` (visible to every workspace)."""
     if not _MODEL_NAME.match(name):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"Not a model name: {name!r}. Use letters, digits, '.', '_', '-' and '/' "
             "(e.g. Qwen/Qwen3-0.6B).",
             field="name",
@@ -154,7 +156,7 @@ def model_config(model: Model) -> dict[str, object]:
     """The model directory's ``config.json`` (empty when it can no longer be read)."""
     try:
         return check_model_dir(Path(model.path))
-    except InvalidRequest:
+    except InvalidRequestError:
         return {}
 
 

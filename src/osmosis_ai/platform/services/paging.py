@@ -16,7 +16,7 @@ from typing import Any, Generic, Literal, TypeVar
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from osmosis_ai.platform.errors import InvalidRequest
+from osmosis_ai.platform.errors import InvalidRequestError
 
 MAX_PAGE = 50
 MAX_LOG_PAGE = 200
@@ -41,9 +41,9 @@ class Page(Generic[T]):
 
 def check_page(limit: int, offset: int, *, cap: int = MAX_PAGE) -> None:
     if not 1 <= limit <= cap:
-        raise InvalidRequest(f"limit must be from 1 to {cap}, got {limit}", field="limit")
+        raise InvalidRequestError(f"limit must be from 1 to {cap}, got {limit}", field="limit")
     if offset < 0:
-        raise InvalidRequest(f"offset must be 0 or more, got {offset}", field="offset")
+        raise InvalidRequestError(f"offset must be 0 or more, got {offset}", field="offset")
 
 
 def offset_page(session: Session, query: Select[T], limit: int, offset: int) -> Page[T]:
@@ -71,9 +71,11 @@ def cursor_page(
 ) -> CursorPage[T]:
     """A page of log rows keyed by an increasing integer ``id_column``."""
     if not 1 <= limit <= MAX_LOG_PAGE:
-        raise InvalidRequest(f"limit must be from 1 to {MAX_LOG_PAGE}, got {limit}", field="limit")
+        raise InvalidRequestError(
+            f"limit must be from 1 to {MAX_LOG_PAGE}, got {limit}", field="limit"
+        )
     if direction not in ("older", "newer"):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"direction must be 'older' or 'newer', got {direction!r}", field="direction"
         )
     after: int | None = None
@@ -81,7 +83,7 @@ def cursor_page(
         try:
             after = int(cursor)
         except ValueError:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"invalid cursor {cursor!r}: pass the next_cursor of a previous page",
                 field="cursor",
             ) from None

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from osmosis_ai.platform.errors import InvalidRequest
+from osmosis_ai.platform.errors import InvalidRequestError
 from osmosis_ai.workspace.sections import LOSS_TYPES, REPORT_TARGETS
 
 KINDS = ("eval", "training")
@@ -220,7 +220,7 @@ class Submission:
     provided_secrets: dict[str, str] = field(default_factory=dict[str, str], repr=False)
 
 
-class InvalidRunConfig(InvalidRequest):
+class InvalidRunConfig(InvalidRequestError):
     """A run submit with problems in its config; ``details.issues`` lists every one."""
 
     def __init__(self, kind: str, issues: list[Issue]) -> None:

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SecretBox
-from osmosis_ai.platform.errors import ConflictError, InvalidRequest, NotFoundError
+from osmosis_ai.platform.errors import ConflictError, InvalidRequestError, NotFoundError
 from osmosis_ai.platform.services import rollouts as rollout_service
 from osmosis_ai.platform.services.accounts import WorkspaceAccess, require_creator_or_manager
 from osmosis_ai.platform.services.datasets import dataset_for_run
@@ -282,7 +282,7 @@ def _pinned_commit(mirror: Path, repo: str, sha: str) -> str:
             details={"commit_sha": sha, "repository": repo},
         )
     if len(matches) > 1:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"The commit prefix {sha} matches {len(matches)} commits in {repo}: give more of "
             "the SHA in [experiment].commit_sha.",
             code="COMMIT_AMBIGUOUS",

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.crypto import SecretBox
-from osmosis_ai.platform.errors import InvalidRequest, NotFoundError, PermissionDenied
+from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PermissionDenied
 from osmosis_ai.platform.services import accounts
 from osmosis_ai.platform.services.accounts import MANAGER_ROLES, WorkspaceAccess
 from osmosis_ai.platform.services.paging import Page, offset_page
@@ -33,7 +33,7 @@ MAX_VALUE_BYTES = 64 * 1024
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
 
-class MissingSecrets(InvalidRequest):
+class MissingSecrets(InvalidRequestError):
     """A run needs secrets that are neither given nor stored (names only, never values)."""
 
     default_code = "SECRETS_MISSING"
@@ -50,7 +50,7 @@ class MissingSecrets(InvalidRequest):
 
 def check_name(name: str) -> str:
     if not _NAME.match(name):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"Not a secret name: {name!r}. Use an environment variable name: letters, digits "
             "and '_', not starting with a digit (e.g. OPENAI_API_KEY).",
             field="name",
@@ -60,7 +60,7 @@ def check_name(name: str) -> str:
 
 def check_scope(scope: str, *, allowed: tuple[str, ...] = SCOPES) -> str:
     if scope not in allowed:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"Not a secret scope: {scope!r}. Use one of {', '.join(allowed)}.", field="scope"
         )
     return scope
@@ -131,9 +131,9 @@ def set_secret(
         _require_manager(workspace, "set")
     size = len(value.encode("utf-8"))
     if size == 0:
-        raise InvalidRequest("The secret value is empty: give a value.", field="value")
+        raise InvalidRequestError("The secret value is empty: give a value.", field="value")
     if size > MAX_VALUE_BYTES:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"The secret value is {size} bytes; the limit is {MAX_VALUE_BYTES}.", field="value"
         )
     for attempt in range(2):

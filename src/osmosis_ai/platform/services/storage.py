@@ -12,7 +12,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import InvalidRequest, PlatformError
+from osmosis_ai.platform.errors import InvalidRequestError, PlatformError
 from osmosis_ai.platform.store.orm import Dataset, EvalImport
 from osmosis_ai.workspace.dataset import MAX_FILE_SIZE
 
@@ -28,7 +28,7 @@ class QuotaExceeded(PlatformError):
 def check_file_size(size: int, *, name: str, field: str) -> None:
     """400 unless ``size`` (bytes declared for ``name``) fits one file's limit."""
     if not 0 <= size <= MAX_FILE_BYTES:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"{name} declares {size} bytes; one file may hold 0 to {MAX_FILE_BYTES} bytes (5 GiB)",
             field=field,
             code="FILE_TOO_LARGE",

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep
 from osmosis_ai.platform.api.objects import object_store
-from osmosis_ai.platform.errors import InvalidRequest, NotFoundError, PlatformError
+from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PlatformError
 from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, ObjectStore, check_key
 from osmosis_ai.platform.services import runs
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
@@ -559,7 +559,7 @@ def artifact_file(
     try:
         key = check_key(f"{artifacts_prefix(run, row, n)}/{path}")
     except InvalidObjectKey:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"artifact path {path!r} is not a path inside the sample's folder", field="path"
         ) from None
     info = store.stat(key)  # 404 before any byte is sent; the file streams from disk

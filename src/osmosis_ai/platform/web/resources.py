@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from osmosis_ai.platform.api.deps import Platform, PlatformDep
 from osmosis_ai.platform.api.objects import object_store, url_signer
 from osmosis_ai.platform.auth import revoke_token
-from osmosis_ai.platform.errors import InvalidRequest, PlatformError
+from osmosis_ai.platform.errors import InvalidRequestError, PlatformError
 from osmosis_ai.platform.services import accounts, deployments, models, secrets
 from osmosis_ai.platform.services import datasets as dataset_service
 from osmosis_ai.platform.store.orm import (
@@ -153,13 +153,13 @@ async def _json_body(request: Request, platform: Platform) -> dict[str, Any]:
     session.check_csrf(request, platform, None)
     body = await request.body()
     if len(body) > MAX_JSON_BYTES:
-        raise InvalidRequest("request body too large")
+        raise InvalidRequestError("request body too large")
     try:
         data = json.loads(body or b"{}")
     except ValueError:
-        raise InvalidRequest("the body is not JSON") from None
+        raise InvalidRequestError("the body is not JSON") from None
     if not isinstance(data, dict):
-        raise InvalidRequest("the body is not a JSON object")
+        raise InvalidRequestError("the body is not a JSON object")
     return data
 
 
@@ -190,10 +190,10 @@ async def start_upload(workspace_name: str, request: Request, platform: Platform
     viewer, workspace = who
     file_name, size = data.get("file_name"), data.get("file_size")
     if not isinstance(file_name, str) or not isinstance(size, int) or isinstance(size, bool):
-        raise InvalidRequest("send {file_name: string, file_size: integer}")
+        raise InvalidRequestError("send {file_name: string, file_size: integer}")
     stem, _, extension = file_name.rpartition(".")
     if not stem:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"file {file_name!r} has no extension: upload a .jsonl, .csv or .parquet file",
             field="file_name",
         )
@@ -241,7 +241,7 @@ async def complete_upload(
                 or not isinstance(part.get("PartNumber"), int)
                 or not isinstance(part.get("ETag"), str)
             ):
-                raise InvalidRequest("parts must be [{PartNumber, ETag}]", field="parts")
+                raise InvalidRequestError("parts must be [{PartNumber, ETag}]", field="parts")
             parts.append((int(part["PartNumber"]), str(part["ETag"])))
     with platform.transaction() as db:
         dataset = dataset_service.complete_upload(

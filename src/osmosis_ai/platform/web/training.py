@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from osmosis_ai.platform import training_metrics
 from osmosis_ai.platform.api.deps import PlatformDep
-from osmosis_ai.platform.errors import InvalidRequest, PlatformError
+from osmosis_ai.platform.errors import InvalidRequestError, PlatformError
 from osmosis_ai.platform.services import deployments, runs
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.training_results import duration_ms
@@ -149,7 +149,7 @@ def _points(request: Request) -> int:
     try:
         points = int(raw)
     except ValueError:
-        raise InvalidRequest(f"points {raw!r} is not a number", field="points") from None
+        raise InvalidRequestError(f"points {raw!r} is not a number", field="points") from None
     return max(3, min(points, charts.MAX_POINTS))
 
 
@@ -190,7 +190,7 @@ def training_metrics_csv(
         return workspace
     key = training_metrics.wire_key(request.query_params.get("key", ""))
     if not key:
-        raise InvalidRequest("name the metric: ?key=training_reward", field="key")
+        raise InvalidRequestError("name the metric: ?key=training_reward", field="key")
     with platform.read() as db:
         run = runs.get_run(db, workspace, "training", run_ref)
         stored = charts.read_series(db, run.id, [key]).get(key, [])
@@ -218,7 +218,7 @@ def run_logs(
     try:
         after = int(request.query_params.get("after", "0"))
     except ValueError:
-        raise InvalidRequest("after must be a log line id", field="after") from None
+        raise InvalidRequestError("after must be a log line id", field="after") from None
     with platform.read() as db:
         run = runs.get_run(db, workspace, kind, run_ref)
         lines = list(
@@ -259,7 +259,7 @@ async def deploy_action(workspace_name: str, request: Request, platform: Platfor
         return page
     action, model_name = form.get("action", ""), form.get("model", "")
     if action not in ("deploy", "undeploy"):
-        return page.error(InvalidRequest(f"unknown action {action!r}: deploy or undeploy"))
+        return page.error(InvalidRequestError(f"unknown action {action!r}: deploy or undeploy"))
     try:
         with platform.transaction() as db:
             if action == "deploy":
