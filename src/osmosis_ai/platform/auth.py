@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from osmosis_ai.platform.errors import AuthenticationFailed, InvalidRequestError, NotFoundError
+from osmosis_ai.platform.errors import AuthenticationError, InvalidRequestError, NotFoundError
 from osmosis_ai.platform.store.orm import Token, User
 
 TOKEN_PREFIX = "osm_"
@@ -106,33 +106,33 @@ def authenticate(
     :func:`touch_token` should be called in a write transaction.
     """
     if not raw:
-        raise AuthenticationFailed(
+        raise AuthenticationError(
             "Authentication required: send Authorization: Bearer <token> "
             "(log in with 'osmosis auth login').",
             code="TOKEN_MISSING",
         )
     token = session.scalar(select(Token).where(Token.token_hash == hash_token(raw)))
     if token is None:
-        raise AuthenticationFailed(
+        raise AuthenticationError(
             "The token is not valid on this platform. Log in again with 'osmosis auth login'.",
             code="TOKEN_INVALID",
         )
     if token.revoked_at is not None:
-        raise AuthenticationFailed(
+        raise AuthenticationError(
             "The token was revoked. Log in again with 'osmosis auth login'.",
             code="TOKEN_REVOKED",
         )
     if token.expires_at <= now:
         raise _expired()
     if token.platform_url != platform_url:
-        raise AuthenticationFailed(
+        raise AuthenticationError(
             f"The token was issued for the platform at {token.platform_url}, not this one "
             f"({platform_url}). Log in to this platform with 'osmosis auth login'.",
             code="TOKEN_PLATFORM_MISMATCH",
         )
     user = session.get(User, token.user_id)
     if user is None:  # the foreign key cascades, so only a race with a deletion gets here
-        raise AuthenticationFailed("The token's user no longer exists.", code="TOKEN_INVALID")
+        raise AuthenticationError("The token's user no longer exists.", code="TOKEN_INVALID")
     due = _touch_due(token, now)
     if due and touch:
         token.last_used_at = now
@@ -159,8 +159,8 @@ def recheck(principal: Principal, *, now: datetime) -> Principal:
     return principal if due == principal.touch_due else replace(principal, touch_due=due)
 
 
-def _expired() -> AuthenticationFailed:
-    return AuthenticationFailed(
+def _expired() -> AuthenticationError:
+    return AuthenticationError(
         "The token expired. Log in again with 'osmosis auth login'.", code="TOKEN_EXPIRED"
     )
 

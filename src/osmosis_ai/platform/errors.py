@@ -7,7 +7,7 @@ to its error code (§3.3: 400 VALIDATION, 401 AUTH_REQUIRED, 404 NOT_FOUND, 409 
 
     PlatformError (OsmosisError)
     ├── InvalidRequestError        400  the request is malformed or names a bad value
-    ├── AuthenticationFailed  401  no token, or an unknown, expired, revoked or foreign one
+    ├── AuthenticationError  401  no token, or an unknown, expired, revoked or foreign one
     ├── PermissionDenied      403  authenticated, but the role does not allow it
     ├── NotFoundError              404  no such resource, or not visible to this token
     ├── ConflictError              409  the resource exists already
@@ -56,7 +56,7 @@ class InvalidRequestError(PlatformError):
     default_code = "VALIDATION"
 
 
-class AuthenticationFailed(PlatformError):
+class AuthenticationError(PlatformError):
     status_code = 401
     default_code = "TOKEN_INVALID"
 

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from starlette.background import BackgroundTask
 
 from osmosis_ai.platform.api.deps import Platform, authenticated, bearer_token, current_platform
-from osmosis_ai.platform.errors import AuthenticationFailed, NotFoundError, PlatformError
+from osmosis_ai.platform.errors import AuthenticationError, NotFoundError, PlatformError
 from osmosis_ai.platform.services import deployments
 from osmosis_ai.platform.store.orm import Membership, Model
 
@@ -112,7 +112,7 @@ async def _caller(request: Request, platform: Platform) -> _Caller:
             deployments.serving_key_workspace, platform.settings.key_dir, raw
         )
         if workspace is None:
-            raise AuthenticationFailed("The serving key is not valid on this platform.")
+            raise AuthenticationError("The serving key is not valid on this platform.")
         return _Caller(workspace_id=workspace)
     principal = await authenticated(request, platform)
     return _Caller(user_id=principal.user_id)
