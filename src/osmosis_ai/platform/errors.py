@@ -8,7 +8,7 @@ to its error code (§3.3: 400 VALIDATION, 401 AUTH_REQUIRED, 404 NOT_FOUND, 409 
     PlatformError (OsmosisError)
     ├── InvalidRequestError        400  the request is malformed or names a bad value
     ├── AuthenticationError  401  no token, or an unknown, expired, revoked or foreign one
-    ├── PermissionDenied      403  authenticated, but the role does not allow it
+    ├── PermissionDeniedError      403  authenticated, but the role does not allow it
     ├── NotFoundError              404  no such resource, or not visible to this token
     ├── ConflictError              409  the resource exists already
     ├── UpgradeRequired       426  the CLI is older than the oldest one supported
@@ -61,7 +61,7 @@ class AuthenticationError(PlatformError):
     default_code = "TOKEN_INVALID"
 
 
-class PermissionDenied(PlatformError):
+class PermissionDeniedError(PlatformError):
     status_code = 403
     default_code = "FORBIDDEN"
 

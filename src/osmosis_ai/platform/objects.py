@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar, TypeVarTuple
 from urllib.parse import quote, urlencode
 
-from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PermissionDenied
+from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
 
 MAX_KEY_BYTES = 1024
 MAX_SEGMENT_BYTES = 255  # one file or folder name on Linux filesystems
@@ -104,7 +104,7 @@ class ObjectNotFound(NotFoundError):
     default_code = "OBJECT_NOT_FOUND"
 
 
-class SignatureRejected(PermissionDenied):
+class SignatureRejected(PermissionDeniedError):
     """A signed URL that expired, was altered, or is used for another operation."""
 
     default_code = "SIGNATURE_REJECTED"

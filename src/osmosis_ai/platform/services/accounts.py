@@ -13,7 +13,7 @@ from osmosis_ai.platform.errors import (
     ConflictError,
     InvalidRequestError,
     NotFoundError,
-    PermissionDenied,
+    PermissionDeniedError,
 )
 from osmosis_ai.platform.store.orm import ROLES, Membership, User, Workspace
 
@@ -50,7 +50,7 @@ def require_creator_or_manager(
     """
     if creator_id == user_id or workspace.role in MANAGER_ROLES:
         return
-    raise PermissionDenied(
+    raise PermissionDeniedError(
         f"Only the creator of {what} or a workspace owner or admin can {action} it; your "
         f"role in {workspace.name!r} is {workspace.role}.",
         code=code,

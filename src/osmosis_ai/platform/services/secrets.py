@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.crypto import SecretBox
-from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PermissionDenied
+from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
 from osmosis_ai.platform.services import accounts
 from osmosis_ai.platform.services.accounts import MANAGER_ROLES, WorkspaceAccess
 from osmosis_ai.platform.services.paging import Page, offset_page
@@ -68,7 +68,7 @@ def check_scope(scope: str, *, allowed: tuple[str, ...] = SCOPES) -> str:
 
 def _require_manager(workspace: WorkspaceAccess, action: str) -> None:
     if workspace.role not in MANAGER_ROLES:
-        raise PermissionDenied(
+        raise PermissionDeniedError(
             f"Only a workspace owner or admin can {action} workspace secrets; your role in "
             f"{workspace.name!r} is {workspace.role}. Use --scope personal for your own.",
             code="WORKSPACE_ADMIN_REQUIRED",
