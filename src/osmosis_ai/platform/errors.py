@@ -11,7 +11,7 @@ to its error code (§3.3: 400 VALIDATION, 401 AUTH_REQUIRED, 404 NOT_FOUND, 409 
     ├── PermissionDeniedError      403  authenticated, but the role does not allow it
     ├── NotFoundError              404  no such resource, or not visible to this token
     ├── ConflictError              409  the resource exists already
-    ├── UpgradeRequired       426  the CLI is older than the oldest one supported
+    ├── UpgradeRequiredError       426  the CLI is older than the oldest one supported
     └── DatabaseError         500  the database cannot be used (e.g. its schema is newer)
 """
 
@@ -76,7 +76,7 @@ class ConflictError(PlatformError):
     default_code = "CONFLICT"
 
 
-class UpgradeRequired(PlatformError):
+class UpgradeRequiredError(PlatformError):
     status_code = 426
     default_code = "UPGRADE_REQUIRED"
 

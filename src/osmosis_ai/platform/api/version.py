@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.platform.errors import InvalidRequestError, PlatformError, UpgradeRequired
+from osmosis_ai.platform.errors import InvalidRequestError, PlatformError, UpgradeRequiredError
 
 # The oldest CLI whose calls this platform still answers: the /api/cli contract of 0.3.
 MIN_SUPPORTED_CLI_VERSION = "0.3.0"
@@ -119,7 +119,7 @@ def _malformed(text: str) -> InvalidRequestError:
 async def _send_upgrade_required(
     send: Send, signal: VersionSignal, headers: list[tuple[bytes, bytes]]
 ) -> None:
-    error = UpgradeRequired(
+    error = UpgradeRequiredError(
         signal.message,
         details={
             "min_version": MIN_SUPPORTED_CLI_VERSION,
