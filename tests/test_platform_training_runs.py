@@ -425,7 +425,7 @@ def test_a_lost_attempt_resumes_on_another_machine_from_the_stored_state(platfor
         taken["claim"] = platform.claim("w2", later_s=3600)
 
     watcher = watch(platform, first.run_id, 2, take_over, saved_state=True)
-    with pytest.raises(work.LeaseLost):
+    with pytest.raises(work.LeaseLostError):
         execute(ctx)
     watcher.join(5)
     second = taken["claim"]

@@ -252,9 +252,9 @@ def test_claims_take_the_oldest_run_and_a_stale_attempt_cannot_write(platform):
         worker_id=a,
         attempt=1,  # type: ignore[arg-type]
     )
-    with pytest.raises(work.LeaseLost):
+    with pytest.raises(work.LeaseLostError):
         stale.log("late write")
-    with pytest.raises(work.LeaseLost):
+    with pytest.raises(work.LeaseLostError):
         stale.end("finished")
     with platform.database.transaction() as session:
         assert work.heartbeat(session, first, a, 1, now=later) == "lost"

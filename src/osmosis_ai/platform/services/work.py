@@ -4,7 +4,7 @@ A worker registers (:func:`register_worker`), then claims runs (:func:`claim_run
 oldest ``pending``/``queued`` run, or a ``running`` one whose lease ran out because its worker
 died. A claim bumps the run's ``attempt``; every later write of that worker about the run
 carries ``(worker_id, attempt)`` and is refused once the run was claimed again
-(:class:`LeaseLost`), so a worker that comes back from a pause never overwrites its
+(:class:`LeaseLostError`), so a worker that comes back from a pause never overwrites its
 successor. On PostgreSQL the claim reads ``FOR UPDATE SKIP LOCKED`` (workers never queue
 behind each other); on SQLite the write transaction holds the database's write lock, which
 serializes claims the same way.
@@ -45,7 +45,7 @@ WAKE_MESSAGE = b"runs"
 HeartbeatState = Literal["ok", "stopped", "lost"]
 
 
-class LeaseLost(ConflictError):
+class LeaseLostError(ConflictError):
     """The run was claimed again by another attempt (or ended): this worker must let go."""
 
     default_code = "LEASE_LOST"
@@ -145,10 +145,10 @@ def claim_run(
 
 
 def held_run(session: Session, run_id: str, worker_id: str, attempt: int) -> Run:
-    """The run, if this attempt still holds it (else :class:`LeaseLost`)."""
+    """The run, if this attempt still holds it (else :class:`LeaseLostError`)."""
     run = session.get(Run, run_id)
     if run is None or run.worker_id != worker_id or run.attempt != attempt:
-        raise LeaseLost(f"Run {run_id} is no longer held by this worker (attempt {attempt}).")
+        raise LeaseLostError(f"Run {run_id} is no longer held by this worker (attempt {attempt}).")
     return run
 
 
@@ -165,7 +165,7 @@ def heartbeat(
     attempt holds it."""
     try:
         run = held_run(session, run_id, worker_id, attempt)
-    except LeaseLost:
+    except LeaseLostError:
         return "lost"
     if run.status in TERMINAL[run.kind]:
         return "stopped"
@@ -206,7 +206,7 @@ def end_attempt(
 
 def release(session: Session, run_id: str, worker_id: str, attempt: int, *, now: datetime) -> None:
     """Give a running run back at once (a worker shutting down): another worker resumes it."""
-    with contextlib.suppress(LeaseLost):
+    with contextlib.suppress(LeaseLostError):
         run = held_run(session, run_id, worker_id, attempt)
         if run.status not in TERMINAL[run.kind]:
             run.lease_expires_at = now

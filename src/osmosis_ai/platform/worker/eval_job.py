@@ -47,7 +47,7 @@ from osmosis_ai.eval.journal import JournalRecord, WorkKey, replay_journal
 from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.eval.plan import EvalRunOptions, is_credential
 from osmosis_ai.eval.progress import ItemFinishedEvent, MilestoneEvent, Tally, WarningEvent
-from osmosis_ai.platform.services.work import LeaseLost
+from osmosis_ai.platform.services.work import LeaseLostError
 from osmosis_ai.platform.worker.report import LogEntry, SampleRecord
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ class _Forwarder:
             try:
                 self.flush(final=False)
                 self._check_status()
-            except LeaseLost:
+            except LeaseLostError:
                 self.lost = True
                 self.job.ctx.stop.set()
                 return
@@ -353,7 +353,7 @@ class _EvalJob:
                 step="eval",
                 details={"rows": options.rows, "retry_failed": options.retry_failed},
             )
-        except LeaseLost:
+        except LeaseLostError:
             return None
         except OsmosisError as exc:
             self._end("failed", self._redact(str(exc)))
@@ -377,7 +377,7 @@ class _EvalJob:
             result = run_eval(options, self._on_event)
         except KeyboardInterrupt:  # a second SIGTERM: the run was aborted
             interrupted = True
-        except LeaseLost:
+        except LeaseLostError:
             self.forwarder.lost = True
         except OsmosisError as exc:
             self._close_forwarder()
@@ -412,7 +412,7 @@ class _EvalJob:
             self._end("failed", reason)
 
     def _close_forwarder(self) -> None:
-        with contextlib.suppress(LeaseLost):
+        with contextlib.suppress(LeaseLostError):
             self.forwarder.close()
 
     def _finish(self, result: EvalRunResult) -> None:
@@ -464,7 +464,7 @@ class _EvalJob:
             )
 
     def _end(self, status: str, error: str | None, *, message: str | None = None) -> None:
-        with contextlib.suppress(LeaseLost):
+        with contextlib.suppress(LeaseLostError):
             self.ctx.reporter.end(status, error=error, message=message or error)
 
     def _redact(self, text: str) -> str:
@@ -652,7 +652,7 @@ class _EvalJob:
         assert options.output_dir is not None and options.name is not None
         path = options.output_dir / options.name / "logs.txt"
         if path.is_file():
-            with contextlib.suppress(LeaseLost, OSError):
+            with contextlib.suppress(LeaseLostError, OSError):
                 self.ctx.reporter.put_file(f"{run_prefix(self.run.id)}/{LOGS_KEY}", path)
 
 

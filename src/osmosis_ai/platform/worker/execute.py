@@ -55,7 +55,7 @@ from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SECRET_KEY_ENV, SecretBox, secret_key
 from osmosis_ai.platform.objects import ObjectStore
 from osmosis_ai.platform.services.runs import TERMINAL, run_secret_values
-from osmosis_ai.platform.services.work import LeaseLost
+from osmosis_ai.platform.services.work import LeaseLostError
 from osmosis_ai.platform.settings import KEY_FILES, SQLITE_FILE, PlatformSettings, load_settings
 from osmosis_ai.platform.store.database import open_database
 from osmosis_ai.platform.store.orm import Run
@@ -258,7 +258,7 @@ def _execute(spec: RunSpec, stop: threading.Event, releasing: threading.Event) -
         job(ctx)
         _after_job(reporter, spec, stop)
         return 0
-    except LeaseLost as exc:
+    except LeaseLostError as exc:
         print(f"run {spec.run_id}: {exc}", file=sys.stderr)
         return EXIT_LEASE_LOST
     except BaseException as exc:
@@ -378,7 +378,7 @@ def contain_policy(
 
 def _after_job(reporter: RunReporter, spec: RunSpec, stop: threading.Event) -> None:
     """A job returned: a run it left open is stopped (if asked to) or failed."""
-    with contextlib.suppress(LeaseLost):
+    with contextlib.suppress(LeaseLostError):
         run = reporter.run()
         if run.status in TERMINAL[run.kind]:
             return
@@ -414,7 +414,7 @@ def _fail(
             return
         reporter.log(trace, step=phase, level="error")
         reporter.end(_failed(spec), error=error, message=f"The run failed during {phase}: {error}")
-    except LeaseLost as lost:
+    except LeaseLostError as lost:
         print(f"run {spec.run_id}: {lost}", file=sys.stderr)
 
 

@@ -3,7 +3,7 @@
 The process executing a run (see :mod:`osmosis_ai.platform.worker`) reports through one
 reporter bound to ``(run_id, worker_id, attempt)``. Every write checks in its transaction that
 this attempt still holds the run; once another attempt claimed it, the write raises
-:class:`~osmosis_ai.platform.services.work.LeaseLost` and nothing is written, so a worker
+:class:`~osmosis_ai.platform.services.work.LeaseLostError` and nothing is written, so a worker
 that was given up on never overwrites the one that took over.
 
 Files go to the object store under ``runs/<run_id>/``:

@@ -564,7 +564,7 @@ class Worker:
                     return
                 try:
                     run = work.held_run(session, claim.run_id, self.worker_id, claim.attempt)
-                except work.LeaseLost:
+                except work.LeaseLostError:
                     return
                 if run.status in TERMINAL[run.kind]:
                     run.lease_expires_at = None  # it ended itself, or was stopped
@@ -598,7 +598,7 @@ class Worker:
                     error=error,
                     message=message,
                 )
-        except work.LeaseLost:
+        except work.LeaseLostError:
             pass
         except Exception:
             logger.exception("ending run %s failed", claim.run_id)
