@@ -37,7 +37,7 @@ UNCAPPED_PREFIXES = ("/objects/",)  # signed uploads: the URL's signed size is t
 INFERENCE_PREFIX = "/v1/"
 
 
-class PayloadTooLarge(PlatformError):
+class PayloadTooLargeError(PlatformError):
     status_code = 413
     default_code = "PAYLOAD_TOO_LARGE"
 
@@ -67,8 +67,8 @@ def body_cap(path: str, max_body_bytes: int) -> int | None:
     return max_body_bytes
 
 
-def _too_large(cap: int, what: str) -> PayloadTooLarge:
-    return PayloadTooLarge(
+def _too_large(cap: int, what: str) -> PayloadTooLargeError:
+    return PayloadTooLargeError(
         f"The request body {what} is over this server's limit of {cap} bytes. Send less, or "
         "start the server with a larger --max-body-bytes; files go through upload URLs.",
         details={"max_body_bytes": cap},
