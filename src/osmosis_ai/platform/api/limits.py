@@ -42,7 +42,7 @@ class PayloadTooLargeError(PlatformError):
     default_code = "PAYLOAD_TOO_LARGE"
 
 
-class HeadersTooLarge(PlatformError):
+class HeadersTooLargeError(PlatformError):
     status_code = 431
     default_code = "HEADERS_TOO_LARGE"
 
@@ -106,7 +106,7 @@ class RequestLimitMiddleware:
         if len(headers) > MAX_HEADERS:
             await _refuse(
                 send,
-                HeadersTooLarge(
+                HeadersTooLargeError(
                     f"The request has {len(headers)} headers; this server takes at most "
                     f"{MAX_HEADERS}.",
                 ),
