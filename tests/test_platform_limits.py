@@ -388,14 +388,14 @@ async def test_starting_device_logins_is_rate_limited_per_address(team):
 
 
 def test_the_rate_limit_lets_a_caller_through_after_retry_after():
-    from osmosis_ai.platform.api.limits import RateLimited, RateLimiter
+    from osmosis_ai.platform.api.limits import RateLimitedError, RateLimiter
 
     now = [100.0]
     limiter = RateLimiter(2, 10.0, clock=lambda: now[0])
     limiter.check("10.0.0.1", "calls")
     now[0] += 4
     limiter.check("10.0.0.1", "calls")
-    with pytest.raises(RateLimited) as refused:
+    with pytest.raises(RateLimitedError) as refused:
         limiter.check("10.0.0.1", "calls")
     limiter.check("10.0.0.2", "calls")  # another address has its own window
     assert refused.value.retry_after == 6

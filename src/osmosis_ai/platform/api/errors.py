@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from osmosis_ai.platform.api.limits import RateLimited
+from osmosis_ai.platform.api.limits import RateLimitedError
 from osmosis_ai.platform.errors import AuthenticationError, InvalidRequestError, PlatformError
 
 logger = logging.getLogger("osmosis_ai.platform")
@@ -41,7 +41,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def error_response(error: PlatformError, *, extra: dict[str, object] | None = None) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, AuthenticationError) else None
-    if isinstance(error, RateLimited):
+    if isinstance(error, RateLimitedError):
         headers = {"Retry-After": str(error.retry_after)}
     body = {**error.envelope(), **(extra or {})}
     return JSONResponse(body, status_code=error.status_code, headers=headers)

@@ -47,7 +47,7 @@ class HeadersTooLargeError(PlatformError):
     default_code = "HEADERS_TOO_LARGE"
 
 
-class RateLimited(PlatformError):
+class RateLimitedError(PlatformError):
     """Too many calls from one address; ``retry_after`` (seconds) goes out as ``Retry-After``."""
 
     status_code = 429
@@ -195,7 +195,7 @@ class RateLimiter:
         self._lock = threading.Lock()
 
     def check(self, key: str, what: str) -> None:
-        """Count a call from ``key``; :class:`RateLimited` when it is one too many."""
+        """Count a call from ``key``; :class:`RateLimitedError` when it is one too many."""
         now = self._clock()
         with self._lock:
             calls = self._calls.get(key)
@@ -207,7 +207,7 @@ class RateLimiter:
                 calls.popleft()
             if len(calls) >= self.limit:
                 wait = max(1, math.ceil(calls[0] + self.window_s - now))
-                raise RateLimited(
+                raise RateLimitedError(
                     f"Too many {what} from {key}: at most {self.limit} in "
                     f"{self.window_s:g} s. Try again in {wait} s.",
                     retry_after=wait,
