@@ -28,7 +28,7 @@ ROLLOUTS_DIR = "rollouts"
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 
 
-class GitSyncFailed(PlatformError):
+class GitSyncError(PlatformError):
     """Git could not fetch or read the workspace repository."""
 
     status_code = 502
@@ -214,18 +214,18 @@ def _git(cwd: Path | None, *args: str, timeout: float = GIT_TIMEOUT_S, check: bo
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise GitSyncFailed(
+        raise GitSyncError(
             f"git {args[0]} took longer than {timeout:.0f} s and was stopped.",
             details={"command": args[0]},
         ) from None
     except FileNotFoundError:
-        raise GitSyncFailed(
+        raise GitSyncError(
             "git is not installed on the platform's machine: install git.",
             code="GIT_NOT_INSTALLED",
         ) from None
     if check and done.returncode != 0:
         output = redact((done.stderr or done.stdout).strip())[-1000:]
-        raise GitSyncFailed(
+        raise GitSyncError(
             f"git {args[0]} failed (exit {done.returncode}): {output}",
             details={"command": args[0], "exit_code": done.returncode},
         )

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from osmosis_ai.platform.api.deps import PlatformDep, WorkspaceDep
 from osmosis_ai.platform.api.wire import WireModel
 from osmosis_ai.platform.errors import NotFoundError
-from osmosis_ai.platform.gitsync import GitSyncFailed
+from osmosis_ai.platform.gitsync import GitSyncError
 from osmosis_ai.platform.services import rollouts
 
 router = APIRouter(prefix="/api/cli/rollouts", tags=["rollouts"])
@@ -118,7 +118,7 @@ def sync(workspace: WorkspaceDep, platform: PlatformDep) -> SyncOut:
         platform.database, platform.settings, workspace.id, now=platform.now
     )
     if outcome.status != "success":
-        raise GitSyncFailed(
+        raise GitSyncError(
             f"Git sync of {workspace.repo_full_name} failed: {outcome.message}",
         )
     return SyncOut(

@@ -138,7 +138,7 @@ def _sync_locked(
             for head in heads
             if synced.get(head.name) != head.commit_sha
         }
-    except gitsync.GitSyncFailed as exc:
+    except gitsync.GitSyncError as exc:
         with database.transaction() as session:
             session.add(
                 GitSyncEvent(

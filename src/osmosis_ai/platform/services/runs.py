@@ -224,7 +224,7 @@ def resolve_source(
     outcome = rollout_service.sync_workspace(database, settings, workspace.id, now=now)
     repo = workspace.repo_full_name
     if outcome.status != "success":
-        raise gitsync.GitSyncFailed(
+        raise gitsync.GitSyncError(
             f"Could not fetch {repo} to find the run's code: {outcome.message}",
             details={"repository": repo},
         )

@@ -150,7 +150,7 @@ def _git(
     done = _run(command, timeout)
     if done.returncode != 0:
         output = gitsync.redact((done.stderr or done.stdout).strip())[-1000:]
-        raise gitsync.GitSyncFailed(
+        raise gitsync.GitSyncError(
             f"git {args[0]} failed while checking out the run's code (exit "
             f"{done.returncode}): {output}",
             details={"command": args[0], "exit_code": done.returncode},
@@ -177,12 +177,12 @@ def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise gitsync.GitSyncFailed(
+        raise gitsync.GitSyncError(
             f"git {command[3] if command[1] == '-C' else command[1]} took longer than "
             f"{timeout:.0f} s while checking out the run's code and was stopped."
         ) from None
     except FileNotFoundError:
-        raise gitsync.GitSyncFailed(
+        raise gitsync.GitSyncError(
             "git is not installed on the worker's machine: install git.",
             code="GIT_NOT_INSTALLED",
         ) from None
