@@ -277,7 +277,7 @@ def test_engine_choice(monkeypatch):
     assert serving.choose_engine({serving.ENGINE_ENV: "vllm"}) == "vllm"
     monkeypatch.setattr(serving, "gpu_present", lambda: False)
     assert serving.choose_engine({}) == "local"
-    with pytest.raises(serving.ModelServerFailed, match="auto, local or vllm"):
+    with pytest.raises(serving.ModelServerError, match="auto, local or vllm"):
         serving.choose_engine({serving.ENGINE_ENV: "tpu"})
 
 

@@ -55,7 +55,7 @@ STOP_GRACE_S = 10.0
 _SOURCE_FILE = "source.json"
 
 
-class ModelServerFailed(PlatformError):
+class ModelServerError(PlatformError):
     """A deployed model's server could not start."""
 
     status_code = 503
@@ -78,7 +78,7 @@ def choose_engine(environ: Mapping[str, str] | None = None) -> Engine:
     if wanted in ("local", "vllm"):
         return "vllm" if wanted == "vllm" else "local"
     if wanted != "auto":
-        raise ModelServerFailed(
+        raise ModelServerError(
             f"{ENGINE_ENV}={wanted!r} is not an engine: use auto, local or vllm.",
             code="SERVING_ENGINE_INVALID",
         )
@@ -290,7 +290,7 @@ class DeploymentManager:
         assert prefix is not None
         objects = self.objects.list(prefix)
         if not objects:
-            raise ModelServerFailed(
+            raise ModelServerError(
                 f"Model {spec.name!r}: no checkpoint files under objects/{prefix}; the "
                 "training run did not upload that checkpoint (see osmosis train info).",
                 code="CHECKPOINT_MISSING",
@@ -415,7 +415,7 @@ class DeploymentManager:
         ]
         if adapter:
             if base is None:
-                raise ModelServerFailed(
+                raise ModelServerError(
                     f"Model {spec.name!r} is a LoRA adapter whose base model is not "
                     "registered here: add it with osmosis platform model add NAME --path DIR.",
                     code="BASE_MODEL_MISSING",
@@ -442,12 +442,12 @@ class DeploymentManager:
             raise self._failed(spec, process.returncode)
         return ModelServer(spec, process, url)
 
-    def _failed(self, spec: DeploymentSpec, code: int | None) -> ModelServerFailed:
+    def _failed(self, spec: DeploymentSpec, code: int | None) -> ModelServerError:
         log = self.folder(spec.model_id) / "server.log"
         tail = ""
         with contextlib.suppress(OSError):
             tail = log.read_text(errors="replace")[-1500:].strip()
-        return ModelServerFailed(
+        return ModelServerError(
             f"The server of model {spec.name!r} exited (code {code}) before it listened; "
             f"see {log}" + (f":\n{tail}" if tail else ""),
             details={"log": str(log)},
