@@ -26,7 +26,7 @@ from osmosis_ai.platform.crypto import (
     secret_key,
 )
 from osmosis_ai.platform.objects import (
-    InvalidObjectKey,
+    InvalidObjectKeyError,
     InvalidUploadPart,
     ObjectNotFound,
     ObjectStore,
@@ -99,7 +99,7 @@ def with_param(url, **changes):
     ],
 )
 def test_bad_keys_are_refused_with_a_named_error(store, key, reason):
-    with pytest.raises(InvalidObjectKey, match=reason) as caught:
+    with pytest.raises(InvalidObjectKeyError, match=reason) as caught:
         store.put(key, b"data")
     assert caught.value.status_code == 400 and caught.value.code == "INVALID_OBJECT_KEY"
     assert not list((store.root / "objects").rglob("*"))
@@ -109,7 +109,7 @@ def test_a_symlink_cannot_lead_a_key_out_of_the_store(store, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (store.root / "objects" / "link").symlink_to(outside, target_is_directory=True)
-    with pytest.raises(InvalidObjectKey, match="outside the object store"):
+    with pytest.raises(InvalidObjectKeyError, match="outside the object store"):
         store.put("link/escaped.txt", b"x")
     assert not list(outside.iterdir())
 

@@ -6,7 +6,7 @@ to a temp file, is fsynced and renamed into place only when whole: a refused, tr
 interrupted upload leaves nothing behind under its key.
 
 Keys are relative POSIX paths (``datasets/<workspace>/<id>/data.jsonl``). A key is refused
-with :class:`InvalidObjectKey` unless it is already normal: no ``..`` or ``.`` segment, no
+with :class:`InvalidObjectKeyError` unless it is already normal: no ``..`` or ``.`` segment, no
 leading ``/``, no empty segment, no backslash, NUL or control character, at most 1024 bytes.
 The resolved path must stay under the root even through symlinks.
 
@@ -56,7 +56,7 @@ _R = TypeVar("_R")
 _Args = TypeVarTuple("_Args")
 
 
-class InvalidObjectKey(InvalidRequestError):
+class InvalidObjectKeyError(InvalidRequestError):
     """An object key that is not a normal relative path under the store's root."""
 
     default_code = "INVALID_OBJECT_KEY"
@@ -118,25 +118,25 @@ class ObjectInfo:
 
 
 def check_key(key: str) -> str:
-    """``key`` itself when it is a valid object key; :class:`InvalidObjectKey` otherwise."""
+    """``key`` itself when it is a valid object key; :class:`InvalidObjectKeyError` otherwise."""
     if not key:
-        raise InvalidObjectKey(key, "it is empty")
+        raise InvalidObjectKeyError(key, "it is empty")
     if len(key.encode("utf-8", errors="replace")) > MAX_KEY_BYTES:
-        raise InvalidObjectKey(key[:64] + "…", f"it is longer than {MAX_KEY_BYTES} bytes")
+        raise InvalidObjectKeyError(key[:64] + "…", f"it is longer than {MAX_KEY_BYTES} bytes")
     if "\x00" in key:
-        raise InvalidObjectKey(key, "it contains a NUL byte")
+        raise InvalidObjectKeyError(key, "it contains a NUL byte")
     if any(ord(char) < 0x20 or ord(char) == 0x7F for char in key):
-        raise InvalidObjectKey(key, "it contains a control character")
+        raise InvalidObjectKeyError(key, "it contains a control character")
     if "\\" in key:
-        raise InvalidObjectKey(key, "it contains a backslash")
+        raise InvalidObjectKeyError(key, "it contains a backslash")
     if key.startswith("/"):
-        raise InvalidObjectKey(key, "it is an absolute path")
+        raise InvalidObjectKeyError(key, "it is an absolute path")
     for segment in key.split("/"):
         if segment in ("", ".", ".."):
             shown = "an empty" if not segment else f"a {segment!r}"
-            raise InvalidObjectKey(key, f"it has {shown} path segment")
+            raise InvalidObjectKeyError(key, f"it has {shown} path segment")
         if len(segment.encode("utf-8", errors="replace")) > MAX_SEGMENT_BYTES:
-            raise InvalidObjectKey(
+            raise InvalidObjectKeyError(
                 key[:64] + "…",
                 f"a path segment is longer than {MAX_SEGMENT_BYTES} bytes in UTF-8 (a file "
                 "name's limit on disk)",
@@ -162,7 +162,7 @@ class ObjectStore:
         path = self._objects / check_key(key)
         resolved = path.resolve()
         if not resolved.is_relative_to(self._objects):
-            raise InvalidObjectKey(key, "it resolves outside the object store")
+            raise InvalidObjectKeyError(key, "it resolves outside the object store")
         return resolved
 
     # -- whole objects ------------------------------------------------------------------
@@ -197,7 +197,7 @@ class ObjectStore:
             target = self.path(key)
             target.parent.mkdir(parents=True, exist_ok=True)
             if not target.parent.resolve().is_relative_to(self._objects):
-                raise InvalidObjectKey(key, "it resolves outside the object store")
+                raise InvalidObjectKeyError(key, "it resolves outside the object store")
             temp = self._staging / f"link-{secrets.token_hex(8)}.tmp"
             try:
                 try:
@@ -564,7 +564,7 @@ class ObjectStore:
     def _publish(self, temp: Path, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.parent.resolve().is_relative_to(self._objects):
-            raise InvalidObjectKey(str(target), "it resolves outside the object store")
+            raise InvalidObjectKeyError(str(target), "it resolves outside the object store")
         os.replace(temp, target)
         _fsync_dir(target.parent)
 

@@ -31,7 +31,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import ConflictError, InvalidRequestError, NotFoundError
-from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, check_key
+from osmosis_ai.platform.objects import InvalidObjectKeyError, ObjectNotFound, check_key
 from osmosis_ai.platform.services import storage
 from osmosis_ai.platform.services.accounts import require_creator_or_manager
 from osmosis_ai.platform.services.runs import (
@@ -327,7 +327,7 @@ def download_urls(
     for token, path in items:
         try:
             key = f"{prefix}/{check_key(token)}"
-        except InvalidObjectKey:
+        except InvalidObjectKeyError:
             raise InvalidRequestError(
                 f"{token!r} is not a file of this run", field="items"
             ) from None
@@ -470,7 +470,7 @@ def _check_import(request: ImportRequest) -> None:
             )
         try:
             check_key(item.path)
-        except InvalidObjectKey as exc:
+        except InvalidObjectKeyError as exc:
             raise InvalidRequestError(str(exc), field="files") from None
         if item.size < 0 or not _SHA256.match(item.sha256):
             raise InvalidRequestError(

@@ -18,7 +18,12 @@ from sqlalchemy.orm import Session
 from osmosis_ai.platform.api.deps import Platform, PlatformDep
 from osmosis_ai.platform.api.objects import object_store
 from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PlatformError
-from osmosis_ai.platform.objects import InvalidObjectKey, ObjectNotFound, ObjectStore, check_key
+from osmosis_ai.platform.objects import (
+    InvalidObjectKeyError,
+    ObjectNotFound,
+    ObjectStore,
+    check_key,
+)
 from osmosis_ai.platform.services import runs
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.datasets import object_key as dataset_object_key
@@ -378,7 +383,7 @@ def _preview(store: ObjectStore, prefix: str, path: str) -> dict[str, Any] | Non
     try:
         key = check_key(f"{prefix}/{path}")
         info = store.stat(key)
-    except (InvalidObjectKey, ObjectNotFound):
+    except (InvalidObjectKeyError, ObjectNotFound):
         return {"path": path, "kind": "missing"}
     suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path else ""
     if suffix in IMAGE_TYPES:
@@ -558,7 +563,7 @@ def artifact_file(
     store = object_store(platform)
     try:
         key = check_key(f"{artifacts_prefix(run, row, n)}/{path}")
-    except InvalidObjectKey:
+    except InvalidObjectKeyError:
         raise InvalidRequestError(
             f"artifact path {path!r} is not a path inside the sample's folder", field="path"
         ) from None
