@@ -27,7 +27,7 @@ from osmosis_ai.platform.crypto import (
 )
 from osmosis_ai.platform.objects import (
     InvalidObjectKeyError,
-    InvalidUploadPart,
+    InvalidUploadPartError,
     ObjectNotFound,
     ObjectStore,
     SignatureRejected,
@@ -351,9 +351,9 @@ def test_multipart_parts_in_any_order_join_in_part_order(server, signer, store):
         etags[number] = answer.headers["etag"]
         assert etags[number].startswith('"') and etags[number].endswith('"')
 
-    with pytest.raises(InvalidUploadPart, match="part 2 does not match"):
+    with pytest.raises(InvalidUploadPartError, match="part 2 does not match"):
         store.complete_upload(upload_id, [(1, etags[1]), (2, etags[1]), (3, etags[3])])
-    with pytest.raises(InvalidUploadPart, match="repeat"):
+    with pytest.raises(InvalidUploadPartError, match="repeat"):
         store.complete_upload(upload_id, [(1, etags[1]), (1, etags[1])])
     with pytest.raises(UploadSizeMismatch, match="holds"):
         store.complete_upload(upload_id, [(1, etags[1])], size=201_234)
@@ -372,7 +372,7 @@ def test_resending_a_part_changes_its_etag(server, signer, store):
     first = httpx.put(url, content=b"aaaa").headers["etag"]
     second = httpx.put(url, content=b"bbbb").headers["etag"]
     assert first != second
-    with pytest.raises(InvalidUploadPart, match="stored ETag"):
+    with pytest.raises(InvalidUploadPartError, match="stored ETag"):
         store.complete_upload(upload_id, [(1, first)])
     info = store.complete_upload(upload_id, [(1, second)])
     with store.open(info.key) as handle:
@@ -459,11 +459,11 @@ def test_parts_with_offsets_are_written_in_place(server, signer, store):
         etags[number] = answer.headers["etag"]
     assert not any(p.name.endswith(".part") for p in (store.root / "staging").rglob("*"))
 
-    with pytest.raises(InvalidUploadPart, match="do not join up"):
+    with pytest.raises(InvalidUploadPartError, match="do not join up"):
         store.complete_upload(upload_id, [(1, etags[1]), (3, etags[3])])
     with pytest.raises(UploadSizeMismatch, match="declared 5"):
         store.complete_upload(upload_id, list(etags.items()), size=5)
-    with pytest.raises(InvalidUploadPart, match="part 2 does not match"):
+    with pytest.raises(InvalidUploadPartError, match="part 2 does not match"):
         store.complete_upload(upload_id, [(1, etags[1]), (2, etags[3]), (3, etags[3])])
 
     info = store.complete_upload(upload_id, list(etags.items()), size=140_999)
@@ -481,7 +481,7 @@ def test_a_truncated_part_in_place_leaves_no_part(server, signer, store):
 
     answer = put_part(server, signer, upload_id, "p.bin", 1, short(), offset=0, size=8)
     assert answer.status_code == 400
-    with pytest.raises(InvalidUploadPart, match="never received"):  # the old part is gone too
+    with pytest.raises(InvalidUploadPartError, match="never received"):  # the old part is gone too
         store.complete_upload(upload_id, [(1, first)])
     again = put_part(server, signer, upload_id, "p.bin", 1, b"c" * 8, offset=0).headers["etag"]
     info = store.complete_upload(upload_id, [(1, again)], size=8)

@@ -94,7 +94,7 @@ class UploadSizeMismatch(InvalidRequestError):
         )
 
 
-class InvalidUploadPart(InvalidRequestError):
+class InvalidUploadPartError(InvalidRequestError):
     """A multipart completion that names a missing part or a wrong ETag."""
 
     default_code = "INVALID_PART"
@@ -348,12 +348,12 @@ class ObjectStore:
         folder = self._upload_folder(upload_id)
         self.upload_key(upload_id)
         if part_number < 1:
-            raise InvalidUploadPart(f"part numbers start at 1, got {part_number}")
+            raise InvalidUploadPartError(f"part numbers start at 1, got {part_number}")
         for old in [*folder.glob(f"{part_number}-*.part"), *folder.glob(f"{part_number}-*.at")]:
             old.unlink(missing_ok=True)
         if offset is not None:
             if offset < 0:
-                raise InvalidUploadPart(f"a part cannot start before byte 0 (offset {offset})")
+                raise InvalidUploadPartError(f"a part cannot start before byte 0 (offset {offset})")
             etag = await self._receive_in_place(chunks, size, folder / _ASSEMBLY, offset)
             marker = folder / f"{part_number}-{etag}.at"
             temp = folder / f".{marker.name}.tmp"
@@ -449,7 +449,7 @@ class ObjectStore:
         end = 0
         for offset, length in spans:
             if offset != end:
-                raise InvalidUploadPart(
+                raise InvalidUploadPartError(
                     f"the parts do not join up: one starts at byte {offset}, not {end}; "
                     "complete with every part of the upload",
                     field="parts",
@@ -467,10 +467,12 @@ class ObjectStore:
 
     def _check_numbers(self, parts: Sequence[tuple[int, str]]) -> None:
         if not parts:
-            raise InvalidUploadPart("a multipart completion needs at least one part", field="parts")
+            raise InvalidUploadPartError(
+                "a multipart completion needs at least one part", field="parts"
+            )
         numbers = [number for number, _ in parts]
         if len(set(numbers)) != len(numbers):
-            raise InvalidUploadPart(
+            raise InvalidUploadPartError(
                 f"part numbers repeat in the completion: {sorted(numbers)}", field="parts"
             )
 
@@ -582,9 +584,9 @@ def _discard(path: Path) -> None:
         os.unlink(path)
 
 
-def _part_mismatch(number: int, etag: str, held: list[str]) -> InvalidUploadPart:
+def _part_mismatch(number: int, etag: str, held: list[str]) -> InvalidUploadPartError:
     reason = f"its stored ETag is {held[0]!r}" if held else "it was never received"
-    return InvalidUploadPart(
+    return InvalidUploadPartError(
         f"part {number} does not match ETag {etag!r}: {reason}; "
         "send the ETag its upload was answered with",
         field="parts",
