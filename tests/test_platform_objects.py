@@ -28,7 +28,7 @@ from osmosis_ai.platform.crypto import (
 from osmosis_ai.platform.objects import (
     InvalidObjectKeyError,
     InvalidUploadPartError,
-    ObjectNotFound,
+    ObjectNotFoundError,
     ObjectStore,
     SignatureRejected,
     UploadSizeMismatch,
@@ -133,9 +133,9 @@ def test_put_open_stat_list_delete(store):
     assert store.delete("a/b/one.txt") is True
     assert store.delete("a/b/one.txt") is False
     assert not (store.root / "objects" / "a" / "b").exists()  # empty folders pruned
-    with pytest.raises(ObjectNotFound):
+    with pytest.raises(ObjectNotFoundError):
         store.open("a/b/one.txt")
-    with pytest.raises(ObjectNotFound):
+    with pytest.raises(ObjectNotFoundError):
         store.stat("a")  # a folder is not an object
     assert store.delete_prefix("a") == 1 and store.exists("c.txt")
     assert staging_files(store) == []

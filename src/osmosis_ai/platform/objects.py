@@ -100,7 +100,7 @@ class InvalidUploadPartError(InvalidRequestError):
     default_code = "INVALID_PART"
 
 
-class ObjectNotFound(NotFoundError):
+class ObjectNotFoundError(NotFoundError):
     default_code = "OBJECT_NOT_FOUND"
 
 
@@ -239,22 +239,22 @@ class ObjectStore:
         try:
             return self.path(key).open("rb")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ObjectNotFound(f"no object {key!r}") from None
+            raise ObjectNotFoundError(f"no object {key!r}") from None
 
     def stat(self, key: str) -> ObjectInfo:
         path = self.path(key)
         try:
             status = path.stat()
         except (FileNotFoundError, NotADirectoryError):
-            raise ObjectNotFound(f"no object {key!r}") from None
+            raise ObjectNotFoundError(f"no object {key!r}") from None
         if not path.is_file():
-            raise ObjectNotFound(f"no object {key!r}")
+            raise ObjectNotFoundError(f"no object {key!r}")
         return ObjectInfo(key, status.st_size, status.st_mtime)
 
     def exists(self, key: str) -> bool:
         try:
             self.stat(key)
-        except ObjectNotFound:
+        except ObjectNotFoundError:
             return False
         return True
 
@@ -312,7 +312,7 @@ class ObjectStore:
         try:
             return (self._upload_folder(upload_id) / "key").read_text(encoding="utf-8")
         except (FileNotFoundError, NotADirectoryError):
-            raise ObjectNotFound(
+            raise ObjectNotFoundError(
                 f"no upload {upload_id!r} in flight: it was completed or aborted, or never "
                 "started; create the upload again"
             ) from None

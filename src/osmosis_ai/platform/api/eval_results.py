@@ -16,7 +16,7 @@ from osmosis_ai.platform.api.objects import CONTENT_TYPE, object_store, url_sign
 from osmosis_ai.platform.api.secrets import secret_box
 from osmosis_ai.platform.api.wire import WireModel
 from osmosis_ai.platform.errors import InvalidRequestError
-from osmosis_ai.platform.objects import ObjectNotFound
+from osmosis_ai.platform.objects import ObjectNotFoundError
 from osmosis_ai.platform.services import eval_results as service
 from osmosis_ai.platform.services import work
 from osmosis_ai.platform.services.runs import get_run
@@ -328,7 +328,7 @@ def import_finalize(
             imported = service.get_import(session, workspace, session_id)
             run = service.finalize_import(session, imported, store, now=platform.now())
             return _finalized(imported, run)
-    except (InvalidRequestError, ObjectNotFound) as exc:
+    except (InvalidRequestError, ObjectNotFoundError) as exc:
         # What was uploaded cannot become a run: the run ends failed, saying why.
         with platform.transaction() as session:
             imported = service.get_import(session, workspace, session_id)

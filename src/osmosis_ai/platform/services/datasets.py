@@ -33,7 +33,7 @@ from osmosis_ai.errors import DeadlineError
 from osmosis_ai.platform.errors import ConflictError, InvalidRequestError, NotFoundError
 from osmosis_ai.platform.objects import (
     DEFAULT_EXPIRES_IN,
-    ObjectNotFound,
+    ObjectNotFoundError,
     ObjectStore,
     UrlSigner,
 )
@@ -340,7 +340,7 @@ def complete_upload(
         store.complete_upload(
             upload.id, parts if upload.method == "multipart" else None, size=dataset.file_size
         )
-    except ObjectNotFound:
+    except ObjectNotFoundError:
         # Completed on disk by an earlier call whose transaction did not commit.
         if not store.exists(key) or store.stat(key).size != dataset.file_size:
             raise

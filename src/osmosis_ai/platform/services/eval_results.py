@@ -31,7 +31,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.errors import ConflictError, InvalidRequestError, NotFoundError
-from osmosis_ai.platform.objects import InvalidObjectKeyError, ObjectNotFound, check_key
+from osmosis_ai.platform.objects import InvalidObjectKeyError, ObjectNotFoundError, check_key
 from osmosis_ai.platform.services import storage
 from osmosis_ai.platform.services.accounts import require_creator_or_manager
 from osmosis_ai.platform.services.runs import (
@@ -687,7 +687,7 @@ def complete_file(imported: EvalImport, path: str, store: ObjectStore) -> dict[s
             )
         try:
             store.complete_upload(upload_id, None, size=size)
-        except ObjectNotFound:
+        except ObjectNotFoundError:
             if not store.exists(key):
                 raise
         digest = _sha256(store, key)

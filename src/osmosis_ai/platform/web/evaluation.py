@@ -20,7 +20,7 @@ from osmosis_ai.platform.api.objects import object_store
 from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PlatformError
 from osmosis_ai.platform.objects import (
     InvalidObjectKeyError,
-    ObjectNotFound,
+    ObjectNotFoundError,
     ObjectStore,
     check_key,
 )
@@ -339,7 +339,7 @@ def _load_trajectory(store: ObjectStore, run: Run, sample: RunSample) -> Traject
             )
         with store.open(key) as handle:
             document = json.loads(handle.read().decode("utf-8", "replace"))
-    except ObjectNotFound:
+    except ObjectNotFoundError:
         return Trajectory([], problem="The trajectory file is missing from the object store.")
     except ValueError:
         return Trajectory([], problem="The trajectory file is not valid JSON.")
@@ -383,7 +383,7 @@ def _preview(store: ObjectStore, prefix: str, path: str) -> dict[str, Any] | Non
     try:
         key = check_key(f"{prefix}/{path}")
         info = store.stat(key)
-    except (InvalidObjectKeyError, ObjectNotFound):
+    except (InvalidObjectKeyError, ObjectNotFoundError):
         return {"path": path, "kind": "missing"}
     suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path else ""
     if suffix in IMAGE_TYPES:
@@ -452,7 +452,7 @@ def expected_answer(db: Session, store: ObjectStore, run: Run, sample: RunSample
         key = dataset.object_key or dataset_object_key(dataset)
         try:
             rows = read_rows(store.path(store.stat(key).key), limit=row + 1)
-        except (ObjectNotFound, DatasetError, MissingExtraError, OSError):
+        except (ObjectNotFoundError, DatasetError, MissingExtraError, OSError):
             return None
         record = rows[row] if row < len(rows) else None
     if record is None:
