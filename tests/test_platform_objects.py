@@ -30,7 +30,7 @@ from osmosis_ai.platform.objects import (
     InvalidUploadPartError,
     ObjectNotFoundError,
     ObjectStore,
-    SignatureRejected,
+    SignatureRejectedError,
     UploadSizeMismatch,
     UrlSigner,
     check_key,
@@ -161,18 +161,18 @@ def test_put_replaces_atomically_and_a_failed_put_keeps_the_old_object(store):
 def test_signer_accepts_its_own_url_and_refuses_changes(signer, clock):
     query = dict(parse_qsl(signer.query("get", "a/b.txt", {"name": "b.txt"}, expires_in=60)))
     assert signer.verify("get", "a/b.txt", query)["name"] == "b.txt"
-    with pytest.raises(SignatureRejected, match="not signed for 'put'"):
+    with pytest.raises(SignatureRejectedError, match="not signed for 'put'"):
         signer.verify("put", "a/b.txt", query)
-    with pytest.raises(SignatureRejected, match="does not match"):
+    with pytest.raises(SignatureRejectedError, match="does not match"):
         signer.verify("get", "a/c.txt", query)
-    with pytest.raises(SignatureRejected, match="does not match"):
+    with pytest.raises(SignatureRejectedError, match="does not match"):
         signer.verify("get", "a/b.txt", {**query, "name": "evil.txt"})
-    with pytest.raises(SignatureRejected, match="does not match"):
+    with pytest.raises(SignatureRejectedError, match="does not match"):
         signer.verify("get", "a/b.txt", {**query, "expires": str(int(query["expires"]) + 1)})
-    with pytest.raises(SignatureRejected, match="does not match"):
+    with pytest.raises(SignatureRejectedError, match="does not match"):
         signer.verify("get", "a/b.txt", {**query, "signature": "é" + query["signature"][1:]})
     clock.now += 61
-    with pytest.raises(SignatureRejected, match="expired") as caught:
+    with pytest.raises(SignatureRejectedError, match="expired") as caught:
         signer.verify("get", "a/b.txt", query)
     assert caught.value.code == "URL_EXPIRED" and caught.value.status_code == 403
 
@@ -181,7 +181,7 @@ def test_another_key_file_signs_differently(tmp_path, clock):
     one = UrlSigner(load_or_create_key(tmp_path / "one.key"), clock=clock)
     two = UrlSigner(load_or_create_key(tmp_path / "two.key"), clock=clock)
     query = dict(parse_qsl(one.query("get", "k", expires_in=60)))
-    with pytest.raises(SignatureRejected):
+    with pytest.raises(SignatureRejectedError):
         two.verify("get", "k", query)
 
 

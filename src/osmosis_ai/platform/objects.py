@@ -104,7 +104,7 @@ class ObjectNotFoundError(NotFoundError):
     default_code = "OBJECT_NOT_FOUND"
 
 
-class SignatureRejected(PermissionDeniedError):
+class SignatureRejectedError(PermissionDeniedError):
     """A signed URL that expired, was altered, or is used for another operation."""
 
     default_code = "SIGNATURE_REJECTED"
@@ -683,22 +683,22 @@ class UrlSigner:
         fields = dict(query)
         given = fields.pop("signature", "")
         if fields.get("op") != op:
-            raise SignatureRejected(
+            raise SignatureRejectedError(
                 f"this URL is not signed for {op!r}; request a new one from the platform"
             )
         expected = self._signature(key, fields)
         # As bytes: compare_digest raises TypeError on a str with non-ASCII characters.
         if not given or not hmac.compare_digest(given.encode(), expected.encode()):
-            raise SignatureRejected(
+            raise SignatureRejectedError(
                 "the URL's signature does not match: it was altered or not issued by this "
                 "platform; request a new one"
             )
         try:
             expires = int(fields["expires"])
         except (KeyError, ValueError):
-            raise SignatureRejected("the URL has no valid 'expires'") from None
+            raise SignatureRejectedError("the URL has no valid 'expires'") from None
         if self._clock() > expires:
-            raise SignatureRejected(
+            raise SignatureRejectedError(
                 "the URL expired; request a new one from the platform",
                 code="URL_EXPIRED",
             )

@@ -27,7 +27,7 @@ from osmosis_ai.platform.crypto import load_or_create_key
 from osmosis_ai.platform.errors import InvalidRequestError, PlatformError
 from osmosis_ai.platform.objects import (
     ObjectStore,
-    SignatureRejected,
+    SignatureRejectedError,
     UploadSizeMismatch,
     UrlSigner,
 )
@@ -82,7 +82,7 @@ def objects_router(store: ObjectStore, signer: UrlSigner) -> Router:
                     upload_id, _int(fields, "part_number"), _body(request), size=size, offset=offset
                 )
                 return Response(status_code=200, headers={"ETag": f'"{etag}"'})
-            raise SignatureRejected(f"this URL is not signed for a PUT (op={op!r})")
+            raise SignatureRejectedError(f"this URL is not signed for a PUT (op={op!r})")
         except PlatformError as error:
             return _error(error)
         except ClientDisconnect:
@@ -120,7 +120,9 @@ def _single_values(request: Request) -> dict[str, str]:
     query = request.query_params
     repeated = sorted({name for name in query if len(query.getlist(name)) > 1})
     if repeated:
-        raise SignatureRejected(f"the URL repeats parameters {repeated}; use the URL as issued")
+        raise SignatureRejectedError(
+            f"the URL repeats parameters {repeated}; use the URL as issued"
+        )
     return dict(query)
 
 
@@ -128,7 +130,7 @@ def _int(fields: Mapping[str, str], name: str) -> int:
     try:
         return int(fields[name])
     except (KeyError, ValueError):
-        raise SignatureRejected(f"the URL has no valid {name!r}") from None
+        raise SignatureRejectedError(f"the URL has no valid {name!r}") from None
 
 
 def _declared(request: Request, fields: Mapping[str, str]) -> int:
@@ -147,7 +149,7 @@ def _declared(request: Request, fields: Mapping[str, str]) -> int:
 def _check_content_type(request: Request, expected: str) -> None:
     got = request.headers.get("content-type")
     if got != expected:
-        raise SignatureRejected(
+        raise SignatureRejectedError(
             f"this URL needs the header Content-Type: {expected} (got {got!r}); send the "
             "upload_headers the platform answered with"
         )
