@@ -31,7 +31,7 @@ from osmosis_ai.platform.objects import (
     ObjectNotFoundError,
     ObjectStore,
     SignatureRejectedError,
-    UploadSizeMismatch,
+    UploadSizeMismatchError,
     UrlSigner,
     check_key,
 )
@@ -269,7 +269,7 @@ def test_a_body_longer_than_signed_is_refused_and_nothing_is_kept(server, signer
     answer = httpx.put(url, content=chunked(), headers={"Content-Type": CONTENT_TYPE})
     assert answer.status_code == 400 and "larger than the 10 bytes" in answer.json()["message"]
     assert staging_files(store) == ["key"]
-    with pytest.raises(UploadSizeMismatch, match="nothing was uploaded"):
+    with pytest.raises(UploadSizeMismatchError, match="nothing was uploaded"):
         store.complete_upload(upload_id, size=10)
 
 
@@ -298,7 +298,7 @@ def test_a_truncated_body_is_refused_and_nothing_is_kept(server, signer, store):
     while staging_files(store) != ["key"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert staging_files(store) == ["key"]
-    with pytest.raises(UploadSizeMismatch):
+    with pytest.raises(UploadSizeMismatchError):
         store.complete_upload(upload_id, size=10)
     assert not store.exists("k.bin")
 
@@ -355,7 +355,7 @@ def test_multipart_parts_in_any_order_join_in_part_order(server, signer, store):
         store.complete_upload(upload_id, [(1, etags[1]), (2, etags[1]), (3, etags[3])])
     with pytest.raises(InvalidUploadPartError, match="repeat"):
         store.complete_upload(upload_id, [(1, etags[1]), (1, etags[1])])
-    with pytest.raises(UploadSizeMismatch, match="holds"):
+    with pytest.raises(UploadSizeMismatchError, match="holds"):
         store.complete_upload(upload_id, [(1, etags[1])], size=201_234)
 
     shuffled = [(2, etags[2].strip('"')), (3, etags[3]), (1, etags[1])]
@@ -461,7 +461,7 @@ def test_parts_with_offsets_are_written_in_place(server, signer, store):
 
     with pytest.raises(InvalidUploadPartError, match="do not join up"):
         store.complete_upload(upload_id, [(1, etags[1]), (3, etags[3])])
-    with pytest.raises(UploadSizeMismatch, match="declared 5"):
+    with pytest.raises(UploadSizeMismatchError, match="declared 5"):
         store.complete_upload(upload_id, list(etags.items()), size=5)
     with pytest.raises(InvalidUploadPartError, match="part 2 does not match"):
         store.complete_upload(upload_id, [(1, etags[1]), (2, etags[3]), (3, etags[3])])

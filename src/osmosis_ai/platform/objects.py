@@ -69,24 +69,24 @@ class InvalidObjectKeyError(InvalidRequestError):
         )
 
 
-class UploadSizeMismatch(InvalidRequestError):
+class UploadSizeMismatchError(InvalidRequestError):
     """An upload body longer or shorter than the size it was signed for."""
 
     default_code = "UPLOAD_SIZE_MISMATCH"
 
     @classmethod
-    def too_long(cls, size: int) -> UploadSizeMismatch:
+    def too_long(cls, size: int) -> UploadSizeMismatchError:
         return cls(
             f"the upload is larger than the {size} bytes it was signed for; "
             "request a new upload URL with the file's real size"
         )
 
     @classmethod
-    def cut_short(cls, received: int, size: int) -> UploadSizeMismatch:
+    def cut_short(cls, received: int, size: int) -> UploadSizeMismatchError:
         return cls(f"the upload ended after {received} of {size} bytes; send the whole file")
 
     @classmethod
-    def incomplete(cls, total: int, size: int, *, field: str | None) -> UploadSizeMismatch:
+    def incomplete(cls, total: int, size: int, *, field: str | None) -> UploadSizeMismatchError:
         return cls(
             f"the upload holds {total} bytes but declared {size}; "
             "upload the whole file before completing",
@@ -223,7 +223,7 @@ class ObjectStore:
     async def receive(self, key: str, chunks: AsyncIterable[bytes], *, size: int) -> ObjectInfo:
         """Stream exactly ``size`` bytes from ``chunks`` into ``key``.
 
-        More or fewer bytes raise :class:`UploadSizeMismatch`; on any failure, including
+        More or fewer bytes raise :class:`UploadSizeMismatchError`; on any failure, including
         the client going away, nothing is kept.
         """
         target = self.path(key)
@@ -389,7 +389,7 @@ class ObjectStore:
         files = [self._whole(folder)] if parts is None else self._parts(folder, parts)
         total = sum(path.stat().st_size for path in files)
         if size is not None and total != size:
-            raise UploadSizeMismatch.incomplete(
+            raise UploadSizeMismatchError.incomplete(
                 total, size, field="parts" if parts is not None else None
             )
         target = self.path(key)
@@ -421,7 +421,7 @@ class ObjectStore:
     def _whole(self, folder: Path) -> Path:
         path = folder / _WHOLE
         if not path.is_file():
-            raise UploadSizeMismatch(
+            raise UploadSizeMismatchError(
                 "nothing was uploaded yet: PUT the file to its upload URL before completing"
             )
         return path
@@ -456,7 +456,7 @@ class ObjectStore:
                 )
             end += length
         if size is not None and end != size:
-            raise UploadSizeMismatch.incomplete(end, size, field="parts")
+            raise UploadSizeMismatchError.incomplete(end, size, field="parts")
         assembly = folder / _ASSEMBLY
         with assembly.open("r+b") as handle:
             handle.truncate(end)
@@ -510,7 +510,7 @@ class ObjectStore:
         self, chunks: AsyncIterable[bytes], size: int, folder: Path, *, digest: bool
     ) -> tuple[Path, str]:
         if size < 0:
-            raise UploadSizeMismatch(f"an upload size cannot be negative ({size})")
+            raise UploadSizeMismatchError(f"an upload size cannot be negative ({size})")
         fd, name = tempfile.mkstemp(dir=folder, prefix="upload-", suffix=".tmp")
         temp = Path(name)
         hasher = hashlib.sha256() if digest else None
@@ -520,12 +520,12 @@ class ObjectStore:
                 async for chunk in chunks:
                     received += len(chunk)
                     if received > size:
-                        raise UploadSizeMismatch.too_long(size)
+                        raise UploadSizeMismatchError.too_long(size)
                     if hasher is not None:
                         hasher.update(chunk)
                     out.write(chunk)
                 if received < size:
-                    raise UploadSizeMismatch.cut_short(received, size)
+                    raise UploadSizeMismatchError.cut_short(received, size)
                 out.flush()
                 await _in_thread(os.fsync, out.fileno())
         except BaseException:
@@ -539,7 +539,7 @@ class ObjectStore:
     ) -> str:
         """Write exactly ``size`` bytes at ``offset`` of ``path``; the ETag of those bytes."""
         if size < 0:
-            raise UploadSizeMismatch(f"an upload size cannot be negative ({size})")
+            raise UploadSizeMismatchError(f"an upload size cannot be negative ({size})")
         hasher = hashlib.sha256()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
@@ -549,14 +549,14 @@ class ObjectStore:
             async for chunk in chunks:
                 received += len(chunk)
                 if received > size:
-                    raise UploadSizeMismatch.too_long(size)
+                    raise UploadSizeMismatchError.too_long(size)
                 hasher.update(chunk)
                 pending += chunk
                 if len(pending) >= _WRITE_BUFFER:
                     position += _pwrite_all(fd, pending, position)
                     pending.clear()
             if received < size:
-                raise UploadSizeMismatch.cut_short(received, size)
+                raise UploadSizeMismatchError.cut_short(received, size)
             _pwrite_all(fd, pending, position)
             await _in_thread(os.fsync, fd)
         finally:

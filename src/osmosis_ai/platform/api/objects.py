@@ -28,7 +28,7 @@ from osmosis_ai.platform.errors import InvalidRequestError, PlatformError
 from osmosis_ai.platform.objects import (
     ObjectStore,
     SignatureRejectedError,
-    UploadSizeMismatch,
+    UploadSizeMismatchError,
     UrlSigner,
 )
 
@@ -138,7 +138,7 @@ def _declared(request: Request, fields: Mapping[str, str]) -> int:
     size = _int(fields, "size")
     length = request.headers.get("content-length")
     if length is not None and length.strip() != str(size):
-        raise UploadSizeMismatch(
+        raise UploadSizeMismatchError(
             f"Content-Length {length} differs from the {size} bytes this URL was signed for; "
             "request a new upload URL with the file's real size",
             field="Content-Length",
