@@ -68,7 +68,7 @@ MAX_NAME_BYTES = 200
 _BAD_NAME_CHARS = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
-class DatasetExists(ConflictError):
+class DatasetExistsError(ConflictError):
     """409 naming the dataset that holds the name (the CLI offers ``--overwrite``)."""
 
     default_code = "DATASET_EXISTS"
@@ -188,7 +188,7 @@ def create_dataset(
         )
     current = _current_by_name(session, workspace.id, name)
     if current is not None and current.id != overwrite_dataset_id:
-        raise DatasetExists(name, current.id)
+        raise DatasetExistsError(name, current.id)
     storage.check_room(session, workspace.id, file_size, quota_bytes=quota_bytes)
     if overwrite_dataset_id is not None and current is None:
         raise DatasetNotFound(
