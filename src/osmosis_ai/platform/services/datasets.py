@@ -87,7 +87,7 @@ class DatasetExistsError(ConflictError):
         return {**super().envelope(), "existing_dataset_id": self.existing_id}
 
 
-class DatasetNotFound(NotFoundError):
+class DatasetNotFoundError(NotFoundError):
     default_code = "DATASET_NOT_FOUND"
 
 
@@ -191,7 +191,7 @@ def create_dataset(
         raise DatasetExistsError(name, current.id)
     storage.check_room(session, workspace.id, file_size, quota_bytes=quota_bytes)
     if overwrite_dataset_id is not None and current is None:
-        raise DatasetNotFound(
+        raise DatasetNotFoundError(
             f"overwrite_dataset_id {overwrite_dataset_id!r} is not a dataset named {name!r} in "
             "this workspace; upload without it",
             field="overwrite_dataset_id",
@@ -663,7 +663,7 @@ def get_dataset(session: Session, workspace: WorkspaceAccess, name_or_id: str) -
             .limit(1)
         )
     if found is None:
-        raise DatasetNotFound(
+        raise DatasetNotFoundError(
             f"No dataset {name_or_id!r} in workspace {workspace.name!r}; list them with "
             "osmosis dataset list"
         )
@@ -683,7 +683,7 @@ def dataset_for_run(session: Session, workspace: WorkspaceAccess, name: str) -> 
         .limit(1)
     )
     if found is None:
-        raise DatasetNotFound(
+        raise DatasetNotFoundError(
             f"No ready dataset named {name!r} in workspace {workspace.name!r}: upload it with "
             "osmosis dataset upload, and wait until its status is uploaded",
             field="dataset",
@@ -748,7 +748,7 @@ def _by_id(session: Session, workspace_id: str, dataset_id: str) -> Dataset:
         select(Dataset).where(Dataset.workspace_id == workspace_id, Dataset.id == dataset_id)
     )
     if dataset is None:
-        raise DatasetNotFound(f"No dataset with id {dataset_id!r} in this workspace")
+        raise DatasetNotFoundError(f"No dataset with id {dataset_id!r} in this workspace")
     return dataset
 
 
