@@ -42,7 +42,7 @@ INACTIVE = "inactive"
 MODEL_PATH_PREFIX = "openai/"
 
 
-class DeploymentQuotaExceeded(ConflictError):
+class DeploymentQuotaExceededError(ConflictError):
     """The workspace serves as many models as its quota allows."""
 
     default_code = "DEPLOYMENT_QUOTA_EXCEEDED"
@@ -141,7 +141,7 @@ def deploy(
             if active
             else f"ask the platform admin to raise {MAX_DEPLOYMENTS_ENV}"
         )
-        raise DeploymentQuotaExceeded(
+        raise DeploymentQuotaExceededError(
             f"Cannot deploy {name!r}: this workspace already serves {len(active)} of its "
             f"{limit} allowed deployments ({names}); {fix}.",
             details={
