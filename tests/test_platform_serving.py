@@ -159,7 +159,7 @@ async def test_resolve_deployed_and_serving_keys(harness):
         assert (
             deployments.resolve_deployed(session, team, "openai/gpt-4o", settings=settings) is None
         )
-        with pytest.raises(deployments.ModelNotDeployed, match="osmosis model deploy served"):
+        with pytest.raises(deployments.ModelNotDeployedError, match="osmosis model deploy served"):
             deployments.resolve_deployed(session, team, "openai/served", settings=settings)
         deployments.deploy(session, team, "served", user_id=None, now=utcnow(), limit=4)
     with db.read() as session:

@@ -48,7 +48,7 @@ class DeploymentQuotaExceededError(ConflictError):
     default_code = "DEPLOYMENT_QUOTA_EXCEEDED"
 
 
-class ModelNotDeployed(ConflictError):
+class ModelNotDeployedError(ConflictError):
     """A run names a LoRA model that is not deployed."""
 
     default_code = "MODEL_NOT_DEPLOYED"
@@ -258,7 +258,7 @@ def resolve_deployed(
 
     ``openai/<name>`` names LoRA model ``<name>`` (the form that reaches it through
     ``OPENAI_BASE_URL``, locally too); one that exists but is not deployed raises
-    :class:`ModelNotDeployed` with the fix.
+    :class:`ModelNotDeployedError` with the fix.
     """
     path = model_path.strip()
     if not path.startswith(MODEL_PATH_PREFIX):
@@ -274,7 +274,7 @@ def resolve_deployed(
     if model is None:
         return None
     if not is_active(model):
-        raise ModelNotDeployed(
+        raise ModelNotDeployedError(
             f"LoRA model {name!r} is not deployed, so model_path {model_path!r} cannot reach "
             f"it: run osmosis model deploy {name}, then submit again.",
             field="model_path",
