@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 from osmosis_ai.platform.errors import NotFoundError, PlatformError
 from osmosis_ai.platform.objects import ObjectStore
 from osmosis_ai.platform.services import deployments
-from osmosis_ai.platform.services.models import ModelNotFound, get_base_model
+from osmosis_ai.platform.services.models import PlatformModelNotFoundError, get_base_model
 from osmosis_ai.platform.settings import PlatformSettings
 from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import Model
@@ -119,7 +119,7 @@ def deployment_spec(session: Session, model: Model) -> DeploymentSpec:
     if model.base_model and model.workspace_id:
         try:
             base = Path(get_base_model(session, model.workspace_id, model.base_model).path)
-        except ModelNotFound:  # trained from a folder (model_path local:<dir>) instead
+        except PlatformModelNotFoundError:  # trained from a folder (model_path local:<dir>) instead
             named = Path(model.base_model.removeprefix("local:")).expanduser()
             base = named if named.is_absolute() and named.is_dir() else None
     return DeploymentSpec(

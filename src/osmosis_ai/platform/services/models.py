@@ -80,7 +80,7 @@ MAX_ACTIVE_DEPLOYMENTS = 4
 HF_BASE_URL = "https://huggingface.co"
 
 
-class ModelNotFound(NotFoundError):
+class PlatformModelNotFoundError(NotFoundError):
     default_code = "MODEL_NOT_FOUND"
 
 
@@ -106,7 +106,7 @@ def get_base_model(session: Session, workspace_id: str, name_or_path: str) -> Mo
     if found is None:
         found = session.scalar(query.where(Model.base_model == name_or_path).order_by(Model.name))
     if found is None:
-        raise ModelNotFound(
+        raise PlatformModelNotFoundError(
             f"No base model {name_or_path!r}; list them with osmosis model list --type base. "
             "An admin adds one with: osmosis platform model add NAME --path DIR"
         )
@@ -148,7 +148,7 @@ def get_lora_model(session: Session, workspace_id: str, name: str) -> Model:
             if base is not None
             else "list them with osmosis model list --type lora"
         )
-        raise ModelNotFound(f"No LoRA model {name!r} in this workspace; {hint}")
+        raise PlatformModelNotFoundError(f"No LoRA model {name!r} in this workspace; {hint}")
     return found
 
 
