@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from osmosis_ai.platform.services.run_config import InvalidRunConfig, check_submission
+from osmosis_ai.platform.services.run_config import InvalidRunConfigError, check_submission
 from osmosis_ai.workspace import (
     ConfigValidationError,
     Workspace,
@@ -154,7 +154,7 @@ def submit(**sections):
 
 
 def submit_issues(**sections) -> dict[str, str]:
-    with pytest.raises(InvalidRunConfig) as info:
+    with pytest.raises(InvalidRunConfigError) as info:
         submit(**sections)
     return {issue["key"]: issue["message"] for issue in info.value.issues}
 

@@ -220,7 +220,7 @@ class Submission:
     provided_secrets: dict[str, str] = field(default_factory=dict[str, str], repr=False)
 
 
-class InvalidRunConfig(InvalidRequestError):
+class InvalidRunConfigError(InvalidRequestError):
     """A run submit with problems in its config; ``details.issues`` lists every one."""
 
     def __init__(self, kind: str, issues: list[Issue]) -> None:
@@ -244,7 +244,7 @@ def check_submission(
     required_secrets: list[str] | None,
     provided_secrets: Mapping[str, str] | None,
 ) -> Submission:
-    """The submit as a :class:`Submission`; :class:`InvalidRunConfig` lists every problem.
+    """The submit as a :class:`Submission`; :class:`InvalidRunConfigError` lists every problem.
 
     ``sections`` maps section names without ``_config`` (``evaluation``, ``advanced``, ...)
     to their tables; a section another kind uses is a problem too.
@@ -282,7 +282,7 @@ def check_submission(
             }
         )
     if issues:
-        raise InvalidRunConfig(kind, issues)
+        raise InvalidRunConfigError(kind, issues)
     assert experiment is not None
     return Submission(
         kind=kind,
