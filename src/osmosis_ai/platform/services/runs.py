@@ -78,7 +78,7 @@ _ANIMALS = (
 )  # fmt: skip
 
 
-class RunNotFound(NotFoundError):
+class RunNotFoundError(NotFoundError):
     default_code = "RUN_NOT_FOUND"
 
 
@@ -385,7 +385,7 @@ def get_run(session: Session, workspace: WorkspaceAccess, kind: str, name_or_id:
     if found is None:
         found = session.scalar(base.where(Run.name == name_or_id))
     if found is None:
-        raise RunNotFound(
+        raise RunNotFoundError(
             f"No {label(kind)} {name_or_id!r} in workspace {workspace.name!r}; list them with "
             f"osmosis {command(kind)} list"
         )
