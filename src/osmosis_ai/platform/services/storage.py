@@ -20,7 +20,7 @@ MAX_FILE_BYTES = MAX_FILE_SIZE  # 5 GiB: one dataset, or one file of an imported
 HELD_IMPORTS = ("uploading", "finalized")
 
 
-class QuotaExceeded(PlatformError):
+class QuotaExceededError(PlatformError):
     status_code = 413
     default_code = "STORAGE_QUOTA_EXCEEDED"
 
@@ -55,7 +55,7 @@ def check_room(session: Session, workspace_id: str, adding: int, *, quota_bytes:
     """413 unless the workspace can take ``adding`` more bytes within ``quota_bytes``."""
     used = workspace_usage(session, workspace_id)
     if used + adding > quota_bytes:
-        raise QuotaExceeded(
+        raise QuotaExceededError(
             f"This upload of {adding} bytes would take the workspace to {used + adding} bytes, "
             f"over its quota of {quota_bytes} ({used} in use). Delete or overwrite old "
             "datasets, or ask the platform admin to raise --workspace-quota-bytes.",
