@@ -27,7 +27,7 @@ NOT_STARTED = ("pending", "queued")
 MAX_CHECKPOINT_FILES = 1000
 
 
-class CheckpointNotFound(NotFoundError):
+class CheckpointNotFoundError(NotFoundError):
     default_code = "CHECKPOINT_NOT_FOUND"
 
 
@@ -143,7 +143,7 @@ def checkpoint_download(
     run, checkpoints = run_checkpoints(session, workspace, name_or_id)
     saved = [c for c in checkpoints if c.status == "saved"]
     if not saved:
-        raise CheckpointNotFound(
+        raise CheckpointNotFoundError(
             f"Training run {run.name!r} has no saved checkpoint yet (status {run.status}); "
             "checkpoints are saved every [checkpoints] checkpoint_save_freq steps and at the end"
         )
@@ -153,7 +153,7 @@ def checkpoint_download(
         match = [c for c in saved if c.step == step]
         if not match:
             steps = ", ".join(str(c.step) for c in saved)
-            raise CheckpointNotFound(
+            raise CheckpointNotFoundError(
                 f"Training run {run.name!r} has no checkpoint at step {step}; saved steps: {steps}"
             )
         checkpoint = match[0]
