@@ -14,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 
 from osmosis_ai.platform.services.accounts import create_user
 from osmosis_ai.platform.settings import load_settings
-from osmosis_ai.platform.store.database import ReadOnlyTransaction, open_database
+from osmosis_ai.platform.store.database import ReadOnlyTransactionError, open_database
 from osmosis_ai.platform.store.orm import Token, User
 
 REPO = "acme/agents"
@@ -75,7 +75,7 @@ def test_objects_a_read_loaded_stay_readable_after_it(database):
 def test_a_read_that_changes_a_row_is_refused_and_nothing_is_written(database):
     with database.transaction() as session:
         create_user(session, "ada@example.com", name="Ada")
-    refused = pytest.raises(ReadOnlyTransaction, match=r"Database\.transaction\(\)")
+    refused = pytest.raises(ReadOnlyTransactionError, match=r"Database\.transaction\(\)")
     with refused, database.read() as session:
         session.scalars(select(User)).one().name = "Changed"
     with pytest.raises(DBAPIError), database.read() as session:  # the database refuses too

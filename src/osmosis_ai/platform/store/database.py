@@ -39,7 +39,7 @@ SQLITE_POOL_OVERFLOW = 64  # beyond the 5 kept open; anyio's thread pool has 40 
 READ_ONLY_OPTION = "osmosis_read_only"
 
 
-class ReadOnlyTransaction(DatabaseError):
+class ReadOnlyTransactionError(DatabaseError):
     """Code holding a read transaction tried to write: it must use ``transaction()``."""
 
     default_code = "READ_ONLY_TRANSACTION"
@@ -80,12 +80,12 @@ class Database:
         """A session in one read-only transaction (one consistent snapshot).
 
         Objects it loads stay readable after it ends. Changing one inside it is a
-        :class:`ReadOnlyTransaction` error, not a silent loss.
+        :class:`ReadOnlyTransactionError` error, not a silent loss.
         """
         with self.read_sessions() as session, session.begin():
             yield session
             if session.new or session.dirty or session.deleted:
-                raise ReadOnlyTransaction(
+                raise ReadOnlyTransactionError(
                     "A read transaction changed rows; use Database.transaction() to write."
                 )
 
