@@ -55,7 +55,7 @@ def write_in_checkout(checkout: Path, relative: Path, text: str) -> Path:
     return path
 
 
-class CommitNotFound(NotFoundError):
+class CommitNotFoundError(NotFoundError):
     """The run's commit is in neither the mirror nor the repository it mirrors."""
 
     default_code = "COMMIT_NOT_FOUND"
@@ -90,7 +90,7 @@ def checkout_run(
             gitsync.fetch(_clone_url(database, workspace_id), mirror, timeout=timeout)
             fetched = True
             if not _has_commit(mirror, commit_sha):
-                raise CommitNotFound(
+                raise CommitNotFoundError(
                     f"The commit {commit_sha} is no longer in the workspace repository (was it "
                     "force-pushed away?): submit the run again at a commit that exists.",
                     details={"commit_sha": commit_sha},
