@@ -316,7 +316,7 @@ def _trajectory_tokens(path: Path) -> int | None:
     return trajectory_tokens(document)  # pyright: ignore[reportUnknownArgumentType]
 
 
-class _StopRequested(OsmosisError):
+class _StopRequestedError(OsmosisError):
     """The run was stopped: dispatch halts; pending items stay pending."""
 
 
@@ -476,7 +476,7 @@ class _EvalJob:
         if isinstance(event, ItemFinishedEvent):
             self.forwarder.item(event.record, event.rollout_dir, event.tally)
             if self.ctx.stop.is_set() and not self._interrupt():
-                raise _StopRequested("the run was stopped")
+                raise _StopRequestedError("the run was stopped")
         elif isinstance(event, MilestoneEvent):
             self.forwarder.log(LogEntry(self._redact(event.message), step="eval"))
             self.poke()
