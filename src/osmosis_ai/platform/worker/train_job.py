@@ -45,7 +45,7 @@ _RESUME_POINT = re.compile(r"^checkpoint-(\d+)$")
 _LOG_STEP = "train"
 
 
-class JobFailed(Exception):
+class JobError(Exception):
     """The run cannot go on, for a reason its owner can fix (the message says which)."""
 
     def __init__(self, message: str, *, status: str = "failed") -> None:
@@ -80,7 +80,7 @@ class _TrainJob:
         try:
             options = self._options()
             result = self._train(options)
-        except JobFailed as exc:
+        except JobError as exc:
             self._end(exc.status, str(exc))
             return
         except (ConfigError, UsageError, TrainingError) as exc:
@@ -115,7 +115,7 @@ class _TrainJob:
             return run_training(options, self._on_event)
         except UsageError as exc:
             if options.resume:  # the saved state does not fit the run any more
-                raise JobFailed(
+                raise JobError(
                     f"Could not resume the run: {self._redact(str(exc))}", status="crashed"
                 ) from exc
             raise
@@ -152,13 +152,13 @@ class _TrainJob:
             path = model.path if model is not None else None
             name = model.name if model is not None else run.model_path
         if path is None:
-            raise JobFailed(
+            raise JobError(
                 f"The base model {run.model_path!r} is not registered on this platform; an admin "
                 "adds it with: osmosis platform model add NAME --path DIR"
             )
         folder = Path(path)
         if not (folder / "config.json").is_file():
-            raise JobFailed(
+            raise JobError(
                 f"The base model {name!r} points at {folder}, which holds no config.json on this "
                 "machine; register the folder of a Hugging Face model"
             )
@@ -175,7 +175,7 @@ class _TrainJob:
             )
         key = found[0] if found is not None else None
         if found is None or key is None or found[3] != "uploaded":
-            raise JobFailed(
+            raise JobError(
                 f"The dataset {run.dataset_name!r} is not available (deleted, or not uploaded); "
                 "upload it again and submit a new run"
             )
@@ -210,7 +210,7 @@ class _TrainJob:
         tables = {name: table for name, table in tables.items() if table}
         text = dump_toml(tables)
         if tomllib.loads(text) != tables:  # the writer must round-trip every value
-            raise JobFailed("The run's config could not be written as TOML unchanged")
+            raise JobError("The run's config could not be written as TOML unchanged")
         from osmosis_ai.platform.worker.checkout import write_in_checkout
 
         return write_in_checkout(self.ctx.checkout, CONFIG_DIR / f".platform-{run.name}.toml", text)
@@ -252,7 +252,7 @@ class _TrainJob:
                     shutil.copyfileobj(source, sink, 1 << 20)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-            raise JobFailed(
+            raise JobError(
                 f"Could not resume the run: its saved state in the object store is unreadable "
                 f"({type(exc).__name__}: {exc})",
                 status="crashed",
