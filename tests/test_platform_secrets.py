@@ -12,7 +12,7 @@ pytest.importorskip("sqlalchemy")
 from osmosis_ai.errors import ConfigError
 from osmosis_ai.platform.crypto import SecretBox, secret_key
 from osmosis_ai.platform.services.secrets import (
-    MissingSecrets,
+    MissingRunSecretsError,
     resolve_secret_scopes,
     resolve_secrets,
 )
@@ -130,12 +130,12 @@ def test_resolution_prefers_given_then_personal_then_workspace(world):
             "API_KEY": "user",
             "OTHER_KEY": "workspace",
         }
-        with pytest.raises(MissingSecrets) as caught:
+        with pytest.raises(MissingRunSecretsError) as caught:
             resolve_secrets(session, team, bob_id, ["API_KEY", "NOPE", "ALSO_NOPE"], box=box)
         assert caught.value.details == {"missing": ["NOPE", "ALSO_NOPE"]}
         assert "bob-personal" not in str(caught.value)
         other = world.workspace_ids["other"]
-        with pytest.raises(MissingSecrets):
+        with pytest.raises(MissingRunSecretsError):
             resolve_secrets(session, other, bob_id, ["API_KEY"], box=box)
 
 

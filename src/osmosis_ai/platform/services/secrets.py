@@ -33,7 +33,7 @@ MAX_VALUE_BYTES = 64 * 1024
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
 
-class MissingSecrets(InvalidRequestError):
+class MissingRunSecretsError(InvalidRequestError):
     """A run needs secrets that are neither given nor stored (names only, never values)."""
 
     default_code = "SECRETS_MISSING"
@@ -193,7 +193,7 @@ def resolve_secrets(
 ) -> dict[str, str]:
     """The values a run of ``user_id`` gets for ``names``: given > personal > workspace.
 
-    Raises :class:`MissingSecrets` (names only) when some are found nowhere.
+    Raises :class:`MissingRunSecretsError` (names only) when some are found nowhere.
     """
     wanted = list(dict.fromkeys(names))
     given = provided or {}
@@ -229,7 +229,8 @@ def _rows_for(
     given: Mapping[str, str],
 ) -> dict[str, Secret]:
     """For each wanted name not ``given``, the row a run uses: the personal one if any, else
-    the workspace one. Raises :class:`MissingSecrets` (names only) when some are found nowhere.
+    the workspace one. Raises :class:`MissingRunSecretsError` (names only) when some are
+    found nowhere.
     """
     names = [name for name in wanted if name not in given]
     found: dict[str, Secret] = {}
@@ -240,7 +241,7 @@ def _rows_for(
                 found[row.name] = row
     missing = [name for name in names if name not in found]
     if missing:
-        raise MissingSecrets(missing)
+        raise MissingRunSecretsError(missing)
     return found
 
 
