@@ -6,13 +6,17 @@ to its error code (§3.3: 400 VALIDATION, 401 AUTH_REQUIRED, 404 NOT_FOUND, 409 
 426 UPGRADE_REQUIRED). Importing this module costs nothing: no server or database code.
 
     PlatformError (OsmosisError)
-    ├── InvalidRequestError        400  the request is malformed or names a bad value
-    ├── AuthenticationError  401  no token, or an unknown, expired, revoked or foreign one
-    ├── PermissionDeniedError      403  authenticated, but the role does not allow it
-    ├── NotFoundError              404  no such resource, or not visible to this token
-    ├── ConflictError              409  the resource exists already
-    ├── UpgradeRequiredError       426  the CLI is older than the oldest one supported
-    └── DatabaseError         500  the database cannot be used (e.g. its schema is newer)
+    ├── InvalidRequestError    400  the request is malformed or names a bad value
+    ├── AuthenticationError    401  no token, or an unknown, expired, revoked or foreign one
+    ├── PermissionDeniedError  403  authenticated, but the role does not allow it
+    ├── NotFoundError          404  no such resource, or not visible to this token
+    ├── ConflictError          409  the resource exists already
+    ├── UpgradeRequiredError   426  the CLI is older than the oldest one supported
+    └── DatabaseError          500  the database cannot be used (e.g. its schema is newer)
+
+A subclass names its status and code in its class line
+(``class NotFoundError(PlatformError, status=404, code="NOT_FOUND")``) or as the class
+attributes ``status_code`` and ``default_code``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ class PlatformError(OsmosisError):
 
     status_code = 400
     default_code = "PLATFORM_ERROR"
+
+    def __init_subclass__(
+        cls, *, status: int | None = None, code: str | None = None, **kwargs: object
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status_code = status
+        if code is not None:
+            cls.default_code = code
 
     def __init__(
         self,
@@ -51,39 +64,32 @@ class PlatformError(OsmosisError):
         return body
 
 
-class InvalidRequestError(PlatformError):
-    status_code = 400
-    default_code = "VALIDATION"
+class InvalidRequestError(PlatformError, status=400, code="VALIDATION"):
+    """The request is malformed or names a bad value."""
 
 
-class AuthenticationError(PlatformError):
-    status_code = 401
-    default_code = "TOKEN_INVALID"
+class AuthenticationError(PlatformError, status=401, code="TOKEN_INVALID"):
+    """No token, or an unknown, expired, revoked or foreign one."""
 
 
-class PermissionDeniedError(PlatformError):
-    status_code = 403
-    default_code = "FORBIDDEN"
+class PermissionDeniedError(PlatformError, status=403, code="FORBIDDEN"):
+    """Authenticated, but the role does not allow it."""
 
 
-class NotFoundError(PlatformError):
-    status_code = 404
-    default_code = "NOT_FOUND"
+class NotFoundError(PlatformError, status=404, code="NOT_FOUND"):
+    """No such resource, or not visible to this token."""
 
 
-class ConflictError(PlatformError):
-    status_code = 409
-    default_code = "CONFLICT"
+class ConflictError(PlatformError, status=409, code="CONFLICT"):
+    """The resource exists already, or is in a state that forbids the change."""
 
 
-class UpgradeRequiredError(PlatformError):
-    status_code = 426
-    default_code = "UPGRADE_REQUIRED"
+class UpgradeRequiredError(PlatformError, status=426, code="UPGRADE_REQUIRED"):
+    """The CLI is older than the oldest one supported."""
 
 
-class DatabaseError(PlatformError):
-    status_code = 500
-    default_code = "DATABASE_ERROR"
+class DatabaseError(PlatformError, status=500, code="DATABASE_ERROR"):
+    """The database cannot be used (e.g. its schema is newer than this code)."""
 
 
 class SchemaTooNewError(DatabaseError):
