@@ -9,7 +9,7 @@ import pytest
 from cli_support import invoke, register
 from osmosis_ai.cli import output, results
 from osmosis_ai.cli.confirm import confirm
-from osmosis_ai.cli.errors import Cancelled, CLIError, CLIErrorCode, to_cli_error
+from osmosis_ai.cli.errors import CLIError, CLIErrorCode, PromptDeclinedError, to_cli_error
 from osmosis_ai.consts import PACKAGE_VERSION
 
 
@@ -247,7 +247,7 @@ def test_interactive_prompt(monkeypatch, capsys, answer, accepted):
         if accepted:
             confirm("Go?", yes=False, summary={"a": 1})
         else:
-            with pytest.raises(Cancelled):
+            with pytest.raises(PromptDeclinedError):
                 confirm("Go?", yes=False, summary={"a": 1})
     finally:
         output.uninstall(token)

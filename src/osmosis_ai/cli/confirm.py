@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from osmosis_ai.cli import output
-from osmosis_ai.cli.errors import Cancelled, CLIError, CLIErrorCode
+from osmosis_ai.cli.errors import CLIError, CLIErrorCode, PromptDeclinedError
 
 
 def confirm(
@@ -20,7 +20,7 @@ def confirm(
     notes: Sequence[str] = (),
     warnings: Sequence[str] = (),
 ) -> None:
-    """Return when the action may go ahead; raise ``Cancelled`` (exit 0) when declined.
+    """Return when the action may go ahead; raise ``PromptDeclinedError`` (exit 0) when declined.
 
     Raises ``CLIError(INTERACTIVE_REQUIRED)`` when a prompt is needed but cannot be shown.
     """
@@ -41,4 +41,4 @@ def confirm(
     from osmosis_ai.cli import console
 
     if not console.ask(prompt, summary=summary or {}, notes=notes, warnings=warnings):
-        raise Cancelled
+        raise PromptDeclinedError

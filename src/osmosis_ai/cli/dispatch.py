@@ -10,7 +10,13 @@ import os
 import sys
 
 from osmosis_ai.cli import registry
-from osmosis_ai.cli.errors import Cancelled, CLIError, CLIErrorCode, CLIUsageError, to_cli_error
+from osmosis_ai.cli.errors import (
+    CLIError,
+    CLIErrorCode,
+    CLIUsageError,
+    PromptDeclinedError,
+    to_cli_error,
+)
 from osmosis_ai.consts import PACKAGE_VERSION, package_name
 
 # Not typing.TYPE_CHECKING: importing typing alone costs more than the rest of `--help`.
@@ -149,7 +155,7 @@ def _run(
         return result.exit_code
     except CLIUsageError as exc:
         return _usage_error(exc, fmt)
-    except Cancelled:
+    except PromptDeclinedError:
         sys.stdout.write("Cancelled.\n")
         return 0
     except KeyboardInterrupt:

@@ -1,7 +1,8 @@
 """The CLI's errors: ``CLIError`` with a stable code, and how library exceptions map to one.
 
 ``CLIError`` ends a command with exit 1 and an error envelope; ``CLIUsageError`` is a
-malformed command line (exit 2); ``Cancelled`` is a declined prompt (exit 0).
+malformed command line (exit 2); ``PromptDeclinedError`` is a declined prompt (exit 0). All
+three derive from ``OsmosisError``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class CLIErrorCode(StrEnum):
     TOKEN_REVOKE_FAILED = "TOKEN_REVOKE_FAILED"
 
 
-class CLIError(Exception):
+class CLIError(OsmosisError):
     """A handled failure of a command: exit 1, ``Error: <message>`` or a JSON envelope."""
 
     def __init__(
@@ -53,7 +54,7 @@ class CLIError(Exception):
         self.details: dict[str, object] = details if details is not None else {}
 
 
-class CLIUsageError(Exception):
+class CLIUsageError(OsmosisError):
     """The command line itself is wrong (unknown command, bad option): exit 2."""
 
     def __init__(self, message: str, *, prog: str = "osmosis", usage: str | None = None) -> None:
@@ -63,7 +64,7 @@ class CLIUsageError(Exception):
         self.usage = usage
 
 
-class Cancelled(Exception):
+class PromptDeclinedError(OsmosisError):
     """The user declined a confirmation prompt: "Cancelled.", exit 0."""
 
 
