@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from osmosis_ai.workspace.issues import (
     ConfigIssue,
@@ -21,6 +22,9 @@ from osmosis_ai.workspace.issues import (
 )
 from osmosis_ai.workspace.layout import Workspace
 from osmosis_ai.workspace.sections import (
+    ADVANCED_TABLES,  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    ADVANCED_TRAINING_KEYS,  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    TYPED_SECTIONS,
     CheckpointsSection,
     EvaluationSection,
     LoraSection,
@@ -28,7 +32,7 @@ from osmosis_ai.workspace.sections import (
     SamplingSection,
     TrainingSection,
     WarmupSection,
-    parse_section,
+    parse_sections,
     unknown_key,
 )
 
@@ -40,36 +44,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 _LOCAL_PREFIX = "local:"
 _EXPERIMENT_REQUIRED = ("rollout", "entrypoint", "model_path", "dataset")
 _EXPERIMENT_KEYS = (*_EXPERIMENT_REQUIRED, "branch", "commit_sha")
-_TYPED_SECTIONS: dict[ConfigKind, dict[str, type]] = {
-    "eval": {"evaluation": EvaluationSection},
-    "training": {
-        "training": TrainingSection,
-        "sampling": SamplingSection,
-        "checkpoints": CheckpointsSection,
-        "lora": LoraSection,
-        "warmup": WarmupSection,
-    },
-}
 _FREE_SECTIONS = ("env", "advanced")
-# Settings of `osmosis train run` that the hosted platform's CLI refuses in their own sections
-# but forwards inside [advanced]: each is also read from there by the same name, so one
-# config works with both (``[advanced] loss_type``, ``[advanced.warmup]``, ``[advanced.lora]``).
-ADVANCED_TRAINING_KEYS = (
-    "loss_type",
-    "kl_coef",
-    "seed",
-    "report_to",
-    "lr_warmup_steps",
-    "no_signal_patience",
-)
-ADVANCED_TABLES = ("warmup", "lora")
-# Settings of `osmosis train run` that exist only under [advanced] (``[advanced.ray]``).
-ADVANCED_ONLY_TABLES = ("ray",)
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-D = TypeVar("D", bound="DataclassInstance")
 
 
 @dataclass(frozen=True)
@@ -124,44 +99,59 @@ class TrainingConfig(_RunConfig):
 
 def load_eval_config(path: Path, workspace: Workspace) -> EvalConfig:
     """Load ``path`` (under ``configs/eval/``) or raise :class:`ConfigValidationError`."""
-    loader = _Loader("eval", path, workspace)
-    common = loader.common()
-    evaluation = loader.typed("evaluation", EvaluationSection)
-    loader.raise_if_issues()
-    return EvalConfig(**common, evaluation=evaluation)
+    return _eval_config(_Loader("eval", path, workspace))
 
 
 def load_training_config(path: Path, workspace: Workspace) -> TrainingConfig:
     """Load ``path`` (under ``configs/training/``) or raise :class:`ConfigValidationError`."""
-    loader = _Loader("training", path, workspace)
+    return _training_config(_Loader("training", path, workspace))
+
+
+def parse_eval_config(
+    tables: Mapping[str, object], *, path: Path, workspace: Workspace
+) -> EvalConfig:
+    """The eval config ``tables`` hold (what TOML parses a config file to), checked by the
+    rules :func:`load_eval_config` applies; ``path`` only names it (no file is read)."""
+    return _eval_config(_Loader("eval", path, workspace, tables))
+
+
+def parse_training_config(
+    tables: Mapping[str, object], *, path: Path, workspace: Workspace
+) -> TrainingConfig:
+    """The training config ``tables`` hold, checked by the rules of
+    :func:`load_training_config`; ``path`` only names it (no file is read)."""
+    return _training_config(_Loader("training", path, workspace, tables))
+
+
+def _eval_config(loader: _Loader) -> EvalConfig:
     common = loader.common()
-    training = loader.aliased("training", TrainingSection, ADVANCED_TRAINING_KEYS)
-    sampling = loader.typed("sampling", SamplingSection)
-    checkpoints = loader.typed("checkpoints", CheckpointsSection)
-    lora = loader.aliased("lora", LoraSection)
-    warmup = loader.aliased("warmup", WarmupSection)
-    ray = loader.advanced_only("ray", RaySection)
+    sections = parse_sections("eval", loader.raw, loader.issues)
     loader.raise_if_issues()
-    return TrainingConfig(
-        **common,
-        training=training,
-        sampling=sampling,
-        checkpoints=checkpoints,
-        lora=lora,
-        warmup=warmup,
-        ray=ray,
-    )
+    return EvalConfig(**common, **sections)
+
+
+def _training_config(loader: _Loader) -> TrainingConfig:
+    common = loader.common()
+    sections = parse_sections("training", loader.raw, loader.issues)
+    loader.raise_if_issues()
+    return TrainingConfig(**common, **sections)
 
 
 class _Loader:
     """One validation pass over one file; ``issues`` grows as checks run."""
 
-    def __init__(self, kind: ConfigKind, path: Path, workspace: Workspace) -> None:
+    def __init__(
+        self,
+        kind: ConfigKind,
+        path: Path,
+        workspace: Workspace,
+        tables: Mapping[str, object] | None = None,
+    ) -> None:
         self.kind: ConfigKind = kind
         self.path = Path(path).expanduser().resolve()
         self.workspace = workspace
         self.issues: list[ConfigIssue] = []
-        self.raw = self._read()
+        self.raw = self._read() if tables is None else dict(tables)
 
     def fail(self, key: str, message: str, correction: str | None = None) -> None:
         self.issues.append(ConfigIssue(key, message, correction))
@@ -216,55 +206,8 @@ class _Loader:
             "model_dir": model_dir,
         }
 
-    def typed(self, section: str, cls: type[D]) -> D:
-        return parse_section(cls, section, self.table(section), self.issues)
-
-    def aliased(self, section: str, cls: type[D], keys: tuple[str, ...] | None = None) -> D:
-        """``[section]`` with the settings also given under ``[advanced]``: ``keys`` of
-        ``[advanced]`` itself, or (``keys`` None) the table ``[advanced.<section>]``. A
-        setting given in both places is an issue."""
-        own = self.table(section)
-        advanced = self.table("advanced")
-        where = "advanced" if keys is not None else f"advanced.{section}"
-        if keys is not None:
-            extra = {key: advanced[key] for key in keys if key in advanced}
-        else:
-            value = advanced.get(section, {})
-            if not isinstance(value, dict):
-                self.fail(
-                    where, f"{where} must be a table ([{where}]), got {describe_value(value)}"
-                )
-                value = {}
-            extra = dict(value)  # pyright: ignore[reportUnknownArgumentType]
-        for key in sorted(set(own) & set(extra)):
-            self.fail(
-                f"{where}.{key}",
-                f"{key} is set both in [{section}] and in [{where}]; keep one ([{where}] "
-                "works with osmosis train run and with platform submits)",
-            )
-        parsed = parse_section(cls, section, own, self.issues)
-        if not extra:
-            return parsed
-        from_advanced = parse_section(cls, where, extra, self.issues)
-        known = {f.name for f in fields(cls)}
-        return replace(
-            parsed,
-            **{
-                key: getattr(from_advanced, key) for key in extra if key in known and key not in own
-            },
-        )
-
-    def advanced_only(self, name: str, cls: type[D]) -> D:
-        """The table ``[advanced.<name>]`` as ``cls`` (defaults when absent)."""
-        where = f"advanced.{name}"
-        value = self.table("advanced").get(name, {})
-        if not isinstance(value, dict):
-            self.fail(where, f"{where} must be a table ([{where}]), got {describe_value(value)}")
-            value = {}
-        return parse_section(cls, where, dict(value), self.issues)  # pyright: ignore[reportUnknownArgumentType]
-
     def _check_sections(self) -> None:
-        typed = _TYPED_SECTIONS[self.kind]
+        typed = TYPED_SECTIONS[self.kind]
         known = ("experiment", *typed, "secrets", *_FREE_SECTIONS)
         keys_of = {"experiment": _EXPERIMENT_KEYS, "secrets": ("required",)}
         keys_of |= {name: tuple(f.name for f in fields(cls)) for name, cls in typed.items()}

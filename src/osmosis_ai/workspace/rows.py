@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,13 +116,23 @@ def _label_text(value: object) -> str | None:
         return str(value)
 
 
-def select_rows(total: int, rows_spec: str | None = None, limit: int | None = None) -> list[int]:
-    """The source offsets a run uses: ``rows_spec`` (``"3,7,10-20"``), else the first
-    ``limit`` rows, else all ``total``. Offsets come back deduplicated and sorted."""
+def select_rows(
+    total: int, rows: str | Sequence[int] | None = None, limit: int | None = None
+) -> list[int]:
+    """The source offsets a run uses: ``rows`` (a spec ``"3,7,10-20"`` or the offsets
+    themselves), else the first ``limit`` rows, else all ``total``. Offsets come back
+    deduplicated and sorted."""
     if total < 0:
         raise UsageError(f"total must be ≥ 0, got {total}")
-    if rows_spec is not None:
-        return _parse_rows_spec(rows_spec, total)
+    if isinstance(rows, str):
+        return _parse_rows_spec(rows, total)
+    if rows is not None:
+        outside = [r for r in rows if isinstance(r, bool) or not 0 <= r < total]
+        if outside:
+            raise RowSelectionError(
+                f"rows {outside[:5]} are out of range: the dataset has {total} rows"
+            )
+        return sorted(set(rows))
     if limit is not None:
         if isinstance(limit, bool) or limit < 1:
             raise RowSelectionError(f"limit must be a positive integer, got {limit!r}")

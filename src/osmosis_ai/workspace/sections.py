@@ -2,6 +2,8 @@
 
 Each field carries a :class:`Rule` in its metadata, so a section is declared once. TOML
 values arrive already typed, so rules check and never coerce (``"8"`` is not ``8``).
+:func:`parse_sections` reads a kind's sections (with their ``[advanced]`` aliases) from
+parsed tables: the config loader and the platform's submit check both go through it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-from osmosis_ai.workspace.issues import ConfigIssue, closest, describe_value
+from osmosis_ai.workspace.issues import ConfigIssue, ConfigKind, closest, describe_value
 
 T = TypeVar("T")
 D = TypeVar("D", bound="DataclassInstance")
@@ -245,4 +247,127 @@ def unknown_key(
     guess = closest(key, known)
     return ConfigIssue(
         f"{section}.{key}", "Unrecognized key", f"{section}.{guess}" if guess else None
+    )
+
+
+# Settings of `osmosis train run` that the hosted platform's CLI refuses in their own sections
+# but forwards inside [advanced]: each is also read from there by the same name, so one
+# config works with both (``[advanced] loss_type``, ``[advanced.warmup]``, ``[advanced.lora]``).
+ADVANCED_TRAINING_KEYS: tuple[str, ...] = (
+    "loss_type",
+    "kl_coef",
+    "seed",
+    "report_to",
+    "lr_warmup_steps",
+    "no_signal_patience",
+)
+ADVANCED_TABLES: tuple[str, ...] = ("warmup", "lora")
+# Settings of `osmosis train run` that exist only under [advanced] (``[advanced.ray]``).
+ADVANCED_ONLY_TABLES: tuple[str, ...] = ("ray",)
+# The typed sections of each kind of config, by their table names.
+TYPED_SECTIONS: dict[ConfigKind, dict[str, type[DataclassInstance]]] = {
+    "eval": {"evaluation": EvaluationSection},
+    "training": {
+        "training": TrainingSection,
+        "sampling": SamplingSection,
+        "checkpoints": CheckpointsSection,
+        "lora": LoraSection,
+        "warmup": WarmupSection,
+    },
+}
+
+
+def parse_sections(
+    kind: ConfigKind, tables: Mapping[str, object], issues: list[ConfigIssue]
+) -> dict[str, Any]:
+    """The typed sections of a ``kind`` config, by field name of its config class.
+
+    ``tables`` maps section names to tables, as TOML parses a file (a section that is not a
+    table reads as empty: the caller reports it). Training settings are also read from
+    ``[advanced]`` (:data:`ADVANCED_TRAINING_KEYS`, ``[advanced.warmup]``,
+    ``[advanced.lora]``, ``[advanced.ray]``); a setting given in both places is an issue.
+    """
+
+    def table(name: str) -> dict[str, object]:
+        value = tables.get(name, {})
+        return dict(value) if isinstance(value, dict) else {}  # pyright: ignore[reportUnknownArgumentType]
+
+    if kind == "eval":
+        return {
+            "evaluation": parse_section(
+                EvaluationSection, "evaluation", table("evaluation"), issues
+            )
+        }
+    advanced = table("advanced")
+    aliased = {key: advanced[key] for key in ADVANCED_TRAINING_KEYS if key in advanced}
+    return {
+        "training": _aliased(
+            TrainingSection, "training", table("training"), aliased, "advanced", issues
+        ),
+        "sampling": parse_section(SamplingSection, "sampling", table("sampling"), issues),
+        "checkpoints": parse_section(
+            CheckpointsSection, "checkpoints", table("checkpoints"), issues
+        ),
+        "lora": _aliased(
+            LoraSection,
+            "lora",
+            table("lora"),
+            _advanced_table(advanced, "lora", issues),
+            "advanced.lora",
+            issues,
+        ),
+        "warmup": _aliased(
+            WarmupSection,
+            "warmup",
+            table("warmup"),
+            _advanced_table(advanced, "warmup", issues),
+            "advanced.warmup",
+            issues,
+        ),
+        "ray": parse_section(
+            RaySection, "advanced.ray", _advanced_table(advanced, "ray", issues), issues
+        ),
+    }
+
+
+def _advanced_table(
+    advanced: Mapping[str, object], name: str, issues: list[ConfigIssue]
+) -> dict[str, object]:
+    """The table ``[advanced.<name>]`` (``{}`` when absent or not a table: an issue)."""
+    where = f"advanced.{name}"
+    value = advanced.get(name, {})
+    if not isinstance(value, dict):
+        issues.append(
+            ConfigIssue(where, f"{where} must be a table ([{where}]), got {describe_value(value)}")
+        )
+        return {}
+    return dict(value)  # pyright: ignore[reportUnknownArgumentType]
+
+
+def _aliased(  # noqa: PLR0917 (private, every caller names its six parts in order)
+    cls: type[D],
+    section: str,
+    own: Mapping[str, object],
+    extra: Mapping[str, object],
+    where: str,
+    issues: list[ConfigIssue],
+) -> D:
+    """``[section]`` with the settings ``extra`` also gives under ``[where]``; a setting
+    given in both places is an issue."""
+    for key in sorted(set(own) & set(extra)):
+        issues.append(
+            ConfigIssue(
+                f"{where}.{key}",
+                f"{key} is set both in [{section}] and in [{where}]; keep one ([{where}] "
+                "works with osmosis train run and with platform submits)",
+            )
+        )
+    parsed = parse_section(cls, section, own, issues)
+    if not extra:
+        return parsed
+    from_advanced = parse_section(cls, where, extra, issues)
+    known = {f.name for f in dataclasses.fields(cls)}
+    return dataclasses.replace(
+        parsed,
+        **{key: getattr(from_advanced, key) for key in extra if key in known and key not in own},
     )
