@@ -32,9 +32,9 @@ _EXPORTS: dict[str, str] = {
     "JournalStatus": "osmosis_ai.eval.journal",
     "WorkKey": "osmosis_ai.eval.journal",
     "replay_journal": "osmosis_ai.eval.journal",
-    "REDACTED": "osmosis_ai.eval.logs",
-    "Redactor": "osmosis_ai.eval.logs",
-    "RunLog": "osmosis_ai.eval.logs",
+    "REDACTED": "osmosis_ai.rundir.logs",
+    "Redactor": "osmosis_ai.rundir.logs",
+    "RunLog": "osmosis_ai.rundir.logs",
     "EvalMetrics": "osmosis_ai.eval.metrics",
     "PassAtK": "osmosis_ai.eval.metrics",
     "RewardStats": "osmosis_ai.eval.metrics",
@@ -85,9 +85,6 @@ if TYPE_CHECKING:
     from osmosis_ai.eval.journal import JournalStatus as JournalStatus
     from osmosis_ai.eval.journal import WorkKey as WorkKey
     from osmosis_ai.eval.journal import replay_journal as replay_journal
-    from osmosis_ai.eval.logs import REDACTED as REDACTED
-    from osmosis_ai.eval.logs import Redactor as Redactor
-    from osmosis_ai.eval.logs import RunLog as RunLog
     from osmosis_ai.eval.metrics import EvalMetrics as EvalMetrics
     from osmosis_ai.eval.metrics import PassAtK as PassAtK
     from osmosis_ai.eval.metrics import RewardStats as RewardStats
@@ -123,6 +120,9 @@ if TYPE_CHECKING:
     from osmosis_ai.rundir.durable import atomic_write_bytes as atomic_write_bytes
     from osmosis_ai.rundir.durable import atomic_write_json as atomic_write_json
     from osmosis_ai.rundir.durable import canonical_json as canonical_json
+    from osmosis_ai.rundir.logs import REDACTED as REDACTED
+    from osmosis_ai.rundir.logs import Redactor as Redactor
+    from osmosis_ai.rundir.logs import RunLog as RunLog
 
 __all__ = [  # the names of _EXPORTS
     "REDACTED",

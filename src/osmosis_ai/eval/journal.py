@@ -10,18 +10,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Literal, Self, cast, get_args
+from typing import Literal, cast, get_args
 
 from pydantic import JsonValue
 
 from osmosis_ai.errors import OsmosisError, UsageError
 from osmosis_ai.rollout.ids import validate_rollout_id
-from osmosis_ai.rundir.durable import canonical_json, open_owner_only
+from osmosis_ai.rundir.durable import HeldFile, canonical_json, open_owner_only, write_all
 
 JournalStatus = Literal["success", "failed", "skipped"]
 WorkKey = tuple[int, int]
@@ -181,14 +179,12 @@ def replay_journal(path: Path) -> JournalState:
     return JournalState(records=tuple(records), latest=latest, warnings=tuple(warnings))
 
 
-class Journal:
+class Journal(HeldFile):
     """An open journal file; appends are serialized, written whole and fsynced."""
 
     def __init__(self, path: Path, fd: int, warnings: tuple[str, ...]) -> None:
-        self.path = path
-        self._fd = fd
+        super().__init__(path, fd)
         self._open_warnings = warnings
-        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Journal:
@@ -214,9 +210,7 @@ class Journal:
                 raise UsageError(f"journal {self.path} is closed")
             start = os.fstat(self._fd).st_size
             try:
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(self._fd, view) :]
+                write_all(self._fd, line)
                 os.fsync(self._fd)
             except BaseException:
                 # Never leave half a line behind: the next append would be glued to it.
@@ -233,23 +227,6 @@ class Journal:
         if not self._open_warnings:
             return state
         return JournalState(state.records, state.latest, self._open_warnings + state.warnings)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _cut_torn_tail(fd: int, path: Path) -> tuple[str, ...]:

@@ -98,8 +98,8 @@ def record_in_trackers(
     ``logs.txt``, each warning to ``emit`` and into the returned result."""
     if not result.plan.reporting.targets:
         return result
-    from osmosis_ai.eval.logs import Redactor, RunLog
     from osmosis_ai.events import WarningEvent
+    from osmosis_ai.rundir.logs import Redactor, RunLog
 
     redactor = Redactor(secret_values)
     with RunLog(result.run_dir / LOGS_FILE, redactor) as runlog:

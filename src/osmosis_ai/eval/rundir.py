@@ -15,8 +15,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from pydantic import ValidationError
 
@@ -25,6 +23,8 @@ from osmosis_ai.eval.inputs import MANIFEST_SCHEMA_VERSION, Manifest, Provenance
 from osmosis_ai.eval.journal import Journal
 from osmosis_ai.rollout.ids import validate_rollout_id
 from osmosis_ai.rundir.durable import (
+    Closing,
+    HeldFile,
     atomic_write_json,
     ensure_dir,
     fsync_dir,
@@ -69,12 +69,8 @@ class ResumeMismatchError(ConfigError):
         )
 
 
-class RunLock:
+class RunLock(HeldFile):
     """An exclusive, non-blocking ``flock`` on ``<output>/.locks/<run>.lock``."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._fd = fd
 
     @classmethod
     def acquire(cls, output_dir: str | os.PathLike[str], run_name: str) -> RunLock:
@@ -102,24 +98,11 @@ class RunLock:
         return self._fd >= 0
 
     def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = -1
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
+        self.close()  # closing the descriptor drops the flock
 
 
 @dataclass
-class RunDir:
+class RunDir(Closing):
     """An open run: its folder, manifest and the lock held for it."""
 
     path: Path
@@ -159,17 +142,6 @@ class RunDir:
 
     def close(self) -> None:
         self.lock.release()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def open_run(

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from osmosis_ai.controller.loop import new_event_loop
 from osmosis_ai.eval.journal import JournalRecord, JournalState, WorkKey, replay_journal
-from osmosis_ai.eval.logs import LogLevel, Redactor, RunLog
 from osmosis_ai.eval.plan import (
     Confirmation,
     EvalPlan,
@@ -53,6 +52,7 @@ from osmosis_ai.eval.rundir import MANIFEST_FILE, RunDir, open_run
 from osmosis_ai.eval.server import RunServer, reap_orphan
 from osmosis_ai.eval.workitems import WorkItem, count_work, pending_items
 from osmosis_ai.rundir.durable import fsync_dir
+from osmosis_ai.rundir.logs import LogLevel, Redactor, RunLog
 
 if TYPE_CHECKING:
     from osmosis_ai.controller.balance import RunsAttempts

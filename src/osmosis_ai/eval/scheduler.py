@@ -28,7 +28,6 @@ from osmosis_ai.controller.rollout_process import RolloutServerProcess
 from osmosis_ai.controller.service import ControllerService
 from osmosis_ai.errors import ProtocolError
 from osmosis_ai.eval.journal import Journal, JournalRecord
-from osmosis_ai.eval.logs import RunLog
 from osmosis_ai.eval.outcome import (
     classify_admission_rejection,
     classify_callback_result,
@@ -39,6 +38,7 @@ from osmosis_ai.eval.plan import EvalPlan, GenerationChoice
 from osmosis_ai.eval.projections import TRAJECTORY_FILE
 from osmosis_ai.eval.workitems import Attempt, WorkItem
 from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rundir.logs import RunLog
 
 TRAJECTORY_WAIT_SEC = 30.0
 _SERVER_CHECK_SEC = 0.2

@@ -1,3 +1,4 @@
 """What every run directory shares, beneath eval and train: durable owner-only writes
-(``durable.py``) and the timestamp format (``timestamps.py``).
+(``durable.py``), the redacted run log ``logs.txt`` (``logs.py``) and the timestamp format
+(``timestamps.py``).
 """

@@ -13,7 +13,10 @@ import json
 import os
 import stat
 import tempfile
+import threading
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 OWNER_ONLY = 0o600
 """Mode of every file the run writes: results and logs may hold private data."""
@@ -104,6 +107,46 @@ def open_owner_only(path: Path, flags: int) -> int:
     if not existed:
         fsync_dir(path.parent)
     return fd
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Closing:
+    """``close()`` as a context manager: ``with`` closes the object on the way out."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class HeldFile(Closing):
+    """A descriptor an object holds open on ``path``: used under ``_lock``, closed once."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def read_regular_file(path: Path) -> bytes | None:

@@ -44,11 +44,11 @@ from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.errors import ConfigError, OsmosisError
 from osmosis_ai.eval.journal import JournalRecord, WorkKey, replay_journal
-from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.eval.plan import EvalRunOptions, is_credential
 from osmosis_ai.eval.progress import ItemFinishedEvent, MilestoneEvent, Tally, WarningEvent
 from osmosis_ai.platform.services.work import LeaseLostError
 from osmosis_ai.platform.worker.report import LogEntry, SampleRecord
+from osmosis_ai.rundir.logs import Redactor
 
 if TYPE_CHECKING:
     from osmosis_ai.eval.plan import EvalPlan

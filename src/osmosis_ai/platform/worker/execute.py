@@ -50,7 +50,6 @@ from typing import Any, cast
 
 from osmosis_ai.controller import containment
 from osmosis_ai.controller.rollout_process import ENV_CACHE_ENV
-from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SECRET_KEY_ENV, SecretBox, secret_key
 from osmosis_ai.platform.objects import ObjectStore
@@ -64,6 +63,7 @@ from osmosis_ai.platform.worker.checkout import checkout_run
 from osmosis_ai.platform.worker.job import JobContext
 from osmosis_ai.platform.worker.processes import kill_descendants
 from osmosis_ai.platform.worker.report import RunReporter
+from osmosis_ai.rundir.logs import Redactor
 
 DEFAULT_JOBS: Mapping[str, str] = {
     "eval": "osmosis_ai.platform.worker.eval_job:execute",

@@ -55,7 +55,6 @@ from typing import IO, Any, Self
 from osmosis_ai.controller import containment
 from osmosis_ai.deadlines import RUN_HEARTBEAT
 from osmosis_ai.errors import ConfigError, DeadlineError
-from osmosis_ai.eval.logs import Redactor
 from osmosis_ai.platform import gitsync
 from osmosis_ai.platform.crypto import SECRET_KEY_ENV, SecretBox, secret_key
 from osmosis_ai.platform.errors import PlatformError
@@ -83,6 +82,7 @@ from osmosis_ai.platform.worker.execute import (
     work_dir_of,
 )
 from osmosis_ai.platform.worker.processes import kill_tree, signal_tree
+from osmosis_ai.rundir.logs import Redactor
 
 logger = logging.getLogger("osmosis_ai.platform.worker")
 

@@ -37,6 +37,7 @@ from osmosis_ai.platform.services import work
 from osmosis_ai.platform.store.orm import Dataset, Model
 from osmosis_ai.platform.worker.job import JobContext
 from osmosis_ai.platform.worker.report import run_prefix
+from osmosis_ai.rundir.logs import Redactor
 
 CONFIG_DIR = Path("configs") / "training"
 STATE_POINTER = "files/state.json"
@@ -381,10 +382,7 @@ class _TrainJob:
             )
 
     def _redact(self, text: str) -> str:
-        for value in sorted(self.ctx.secret_values, key=len, reverse=True):
-            if value:
-                text = text.replace(value, "[REDACTED]")
-        return text
+        return Redactor(self.ctx.secret_values).redact(text)
 
 
 def _shown(value: float | None) -> str:

@@ -1,8 +1,10 @@
-"""The run log ``logs.txt`` and the redactor that keeps secret values out of it.
+"""The run log ``logs.txt`` of every run (eval and training) and the one redactor that keeps
+secret values out of logs, errors and reports.
 
 Lines read ``<ISO> <LEVEL> [<step>] <message> <canonical JSON details>``. Every registered
 secret value (provider keys, run tokens) is replaced by ``[REDACTED]`` in the message, the
-details and any text passed through, such as a child process's output.
+details and any text passed through, such as a child process's output. The file is
+owner-only (0600), whichever run writes it.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
-from typing import Literal, Self
+from typing import Literal
 
 from pydantic import JsonValue
 
 from osmosis_ai.errors import UsageError
-from osmosis_ai.rundir.durable import canonical_json, open_owner_only
+from osmosis_ai.rundir.durable import HeldFile, canonical_json, open_owner_only, write_all
 from osmosis_ai.rundir.timestamps import iso_utc
 
 REDACTED = "[REDACTED]"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+Details = Mapping[str, object] | None
 _LEVELS: frozenset[str] = frozenset({"DEBUG", "INFO", "WARNING", "ERROR"})
 
 
@@ -80,8 +82,12 @@ class Redactor:
         return self.redact(str(value))
 
 
-class RunLog:
-    """Appends redacted lines to ``logs.txt`` (owner-only); safe to share between threads."""
+class RunLog(HeldFile):
+    """Appends redacted lines to ``logs.txt`` (owner-only); safe to share between threads.
+
+    Details come as a mapping, as keyword fields, or both. A line logged after :meth:`close`
+    is dropped: a thread still reporting as the run ends must not fail over its log.
+    """
 
     def __init__(
         self,
@@ -90,11 +96,9 @@ class RunLog:
         *,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        self.path = Path(path)
+        super().__init__(Path(path), open_owner_only(Path(path), os.O_WRONLY | os.O_APPEND))
         self.redactor = redactor if redactor is not None else Redactor()
         self._clock = clock
-        self._lock = threading.Lock()
-        self._fd = open_owner_only(self.path, os.O_WRONLY | os.O_APPEND)
 
     def log(
         self,
@@ -111,23 +115,26 @@ class RunLog:
         stamp = iso_utc(self._clock() if self._clock is not None else None)
         line = f"{stamp} {level} [{_one_line(step)}] {text} {extra}\n".encode()
         with self._lock:
-            if self._fd < 0:
-                raise UsageError(f"run log {self.path} is closed")
-            view = memoryview(line)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            if self._fd >= 0:
+                write_all(self._fd, line)
 
-    def debug(self, step: str, message: str, details: Mapping[str, object] | None = None) -> None:
-        self.log("DEBUG", step, message, details)
+    def debug(self, step: str, message: str, details: Details = None, /, **fields: object) -> None:
+        self.log("DEBUG", step, message, _merged(details, fields))
 
-    def info(self, step: str, message: str, details: Mapping[str, object] | None = None) -> None:
-        self.log("INFO", step, message, details)
+    def info(self, step: str, message: str, details: Details = None, /, **fields: object) -> None:
+        self.log("INFO", step, message, _merged(details, fields))
 
-    def warning(self, step: str, message: str, details: Mapping[str, object] | None = None) -> None:
-        self.log("WARNING", step, message, details)
+    def warning(
+        self, step: str, message: str, details: Details = None, /, **fields: object
+    ) -> None:
+        self.log("WARNING", step, message, _merged(details, fields))
 
-    def error(self, step: str, message: str, details: Mapping[str, object] | None = None) -> None:
-        self.log("ERROR", step, message, details)
+    def error(self, step: str, message: str, details: Details = None, /, **fields: object) -> None:
+        self.log("ERROR", step, message, _merged(details, fields))
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret of this log's redactor replaced by ``[REDACTED]``."""
+        return self.redactor.redact(text)
 
     def output(self, step: str, text: str, *, level: LogLevel = "INFO") -> None:
         """Log a child process's output, one line per non-blank line, redacted.
@@ -139,22 +146,9 @@ class RunLog:
             if line.strip():
                 self.log(level, step, line)
 
-    def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+def _merged(details: Details, fields: Mapping[str, object]) -> Mapping[str, object] | None:
+    return {**details, **fields} if details and fields else (details or fields)
 
 
 def _one_line(text: str) -> str:
