@@ -45,7 +45,7 @@ How it runs:
   nothing Harbor relies on and are skipped. Anything else (``ENTRYPOINT``, ``SHELL``,
   ``VOLUME``, ``ONBUILD``, multi-stage builds, ``COPY --from``, ``ADD`` of a URL) is refused
   with :class:`UnsupportedDockerfileError` naming the instruction. Compose environments and
-  prebuilt ``docker_image`` tasks are refused too.
+  prebuilt ``docker_image`` tasks are refused too. The parsing is :mod:`.dockerfile`'s.
 * Network policy (task.toml ``[environment] network_mode``): ``public`` shares the host's
   network; ``no-network`` gives the sandbox its own network namespace (loopback only);
   ``allowlist`` does the same and forwards ports 80 and 443 of each allowed host name or
@@ -54,7 +54,8 @@ How it runs:
   reachable at its own address and port: this process listens inside the namespace (the
   socket is created by a short-lived thread that joins it) and relays each connection to
   the real endpoint. That is how an agent in a ``no-network`` trial still reaches the
-  rollout's model endpoint on the host's loopback.
+  rollout's model endpoint on the host's loopback. Routes and relaying are
+  :mod:`.network`'s; the host side of the privileged helper is :mod:`.launcher`'s.
 * Files move in and out as tar streams through ``tar`` run inside the sandbox, so a symlink
   (in an upload, or left by the agent) resolves inside the sandbox, never on the host; tar
   archives brought out are unpacked with Python's ``data`` filter.
@@ -76,17 +77,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import inspect
-import ipaddress
-import json
-import marshal
 import os
-import select
 import shlex
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -96,20 +91,52 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from glob import glob
 from glob import has_magic as glob_magic
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode
 
-from osmosis_ai.deadlines import SANDBOX_READY, SANDBOX_TEARDOWN, SANDBOX_TRANSFER
-from osmosis_ai.errors import DeadlineError
+from osmosis_ai.deadlines import SANDBOX_READY, SANDBOX_TRANSFER
+from osmosis_ai.rollout.backend.harbor.dockerfile import (
+    SKIPPED,
+    BuildState,
+    Instruction,
+    copy_sources,
+    expand,
+    parse_assignments,
+    parse_dockerfile,
+    split_words,
+)
+from osmosis_ai.rollout.backend.harbor.errors import (
+    SandboxError,
+    SandboxStartTimeoutError,
+    SandboxTimeoutError,
+    SandboxTransferTimeoutError,
+    UnsupportedDockerfileError,
+)
+from osmosis_ai.rollout.backend.harbor.launcher import (
+    ATTACH_TIMEOUT_SEC,
+    BASE_PATH,
+    Holder,
+    end_holder,
+    kill_group,
+    last_capability,
+    launcher,
+)
+from osmosis_ai.rollout.backend.harbor.network import (
+    Endpoint,
+    Forwarder,
+    Route,
+    add_loopback_address,
+    listen_in_netns,
+    parse_endpoint,
+    plan_routes,
+)
 
 __all__ = [
     "SANDBOX_IMPORT_PATH",
@@ -129,16 +156,10 @@ __all__ = [
 
 SANDBOX_IMPORT_PATH = "osmosis_ai.rollout.backend.harbor.sandbox:LocalSandboxEnvironment"
 ENVIRONMENT_TYPE = "osmosis-sandbox"
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-ALLOWLIST_PORTS = (80, 443)
-_CLONE_NEWNET = 0x40000000
-_STOP_GRACE_SEC = 5.0
-_ATTACH_TIMEOUT_SEC = 30.0
 # The trial's uids and gids 0..TRIAL_ID_COUNT-1 are these host ids from TRIAL_ID_BASE on: its
 # root is no one on the host (files it leaves in host folders belong to TRIAL_ID_BASE + uid).
 TRIAL_ID_BASE = 0x40000000
 TRIAL_ID_COUNT = 65536
-_ENTER_SCRIPT = str(Path(__file__).with_name("sandbox_enter.py"))
 _DEFAULT_LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 _DEFAULT_HIDDEN = (
     "~/.osmosis",
@@ -158,362 +179,6 @@ _DEFAULT_HIDDEN = (
     "/etc/ssh/ssh_host_*_key",
     "/etc/ssl/private",
 )
-
-
-class SandboxError(RuntimeError):
-    """The sandbox could not be set up or used."""
-
-
-class SandboxTimeoutError(SandboxError):
-    """A command ran past its timeout and was killed (its whole process group)."""
-
-
-class SandboxStartTimeoutError(SandboxError, DeadlineError):
-    """The sandbox's holder did not signal ready within ``OSMOSIS_SANDBOX_READY_TIMEOUT_S``
-    (the sandbox is torn down)."""
-
-
-class SandboxTransferTimeoutError(SandboxTimeoutError, DeadlineError):
-    """A file transfer into or out of the sandbox ran past
-    ``OSMOSIS_SANDBOX_TRANSFER_TIMEOUT_S``; its copy was killed."""
-
-
-class UnsupportedDockerfileError(ValueError):
-    """The environment's Dockerfile uses something the sandbox cannot reproduce."""
-
-
-# -- Dockerfile subset -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Instruction:
-    """One Dockerfile instruction: its keyword (upper case), arguments and line number."""
-
-    keyword: str
-    args: str
-    line: int
-
-
-_SKIPPED = frozenset({"LABEL", "EXPOSE", "CMD", "MAINTAINER", "STOPSIGNAL", "HEALTHCHECK"})
-_SUPPORTED = frozenset({"FROM", "ARG", "ENV", "WORKDIR", "USER", "RUN", "COPY", "ADD"}) | _SKIPPED
-
-
-def parse_dockerfile(text: str, *, source: str = "Dockerfile") -> list[Instruction]:
-    """Split a Dockerfile into instructions, refusing those the sandbox cannot reproduce."""
-    instructions: list[Instruction] = []
-    pending = ""
-    start = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        stripped = raw.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if pending and stripped.startswith("#"):
-            continue  # comment lines inside a continued instruction are dropped
-        if not pending:
-            start = number
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        logical = (pending + stripped).strip()
-        pending = ""
-        if logical:
-            keyword, _, args = logical.partition(" ")
-            instructions.append(Instruction(keyword.upper(), args.strip(), start))
-    if pending.strip():
-        keyword, _, args = pending.strip().partition(" ")
-        instructions.append(Instruction(keyword.upper(), args.strip(), start))
-    froms = 0
-    for item in instructions:
-        where = f"{source} line {item.line}"
-        if item.keyword not in _SUPPORTED:
-            raise UnsupportedDockerfileError(
-                f"{where}: {item.keyword} is not supported by the local sandbox (it applies "
-                f"FROM, ARG, ENV, WORKDIR, USER, RUN, COPY and ADD); use Harbor's docker "
-                "environment for this task"
-            )
-        if item.keyword == "FROM":
-            froms += 1
-            if froms > 1:
-                raise UnsupportedDockerfileError(
-                    f"{where}: a second FROM (multi-stage build) is not supported by the "
-                    "local sandbox; use Harbor's docker environment for this task"
-                )
-        if item.keyword in ("COPY", "ADD") and "--from" in item.args.split("=")[0]:
-            raise UnsupportedDockerfileError(
-                f"{where}: {item.keyword} --from is not supported by the local sandbox"
-            )
-    return instructions
-
-
-def _split_words(text: str) -> list[str]:
-    if text.startswith("["):
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError:
-            parsed = None
-        if isinstance(parsed, list) and all(isinstance(v, str) for v in parsed):
-            return [str(v) for v in parsed]
-    return shlex.split(text)
-
-
-def _parse_assignments(args: str, keyword: str, line: int) -> dict[str, str]:
-    words = shlex.split(args)
-    if not words:
-        raise UnsupportedDockerfileError(f"Dockerfile line {line}: {keyword} needs a value")
-    if "=" not in words[0]:
-        if keyword == "ARG" and len(words) == 1:
-            return {words[0]: ""}
-        # Legacy form: ENV NAME value with spaces
-        name, _, value = args.strip().partition(" ")
-        return {name: value.strip()}
-    values: dict[str, str] = {}
-    for word in words:
-        name, sep, value = word.partition("=")
-        if not sep or not name:
-            raise UnsupportedDockerfileError(
-                f"Dockerfile line {line}: {keyword} expects NAME=value pairs, got {word!r}"
-            )
-        values[name] = value
-    return values
-
-
-def _expand(value: str, variables: dict[str, str]) -> str:
-    """Docker-style $NAME / ${NAME} / ${NAME:-default} substitution."""
-    out: list[str] = []
-    i = 0
-    while i < len(value):
-        char = value[i]
-        if char == "\\" and i + 1 < len(value) and value[i + 1] == "$":
-            out.append("$")
-            i += 2
-            continue
-        if char != "$":
-            out.append(char)
-            i += 1
-            continue
-        if value.startswith("${", i):
-            end = value.find("}", i)
-            if end == -1:
-                out.append(value[i:])
-                break
-            body = value[i + 2 : end]
-            name, sep, default = body.partition(":-")
-            out.append(variables.get(name) or (default if sep else ""))
-            i = end + 1
-            continue
-        j = i + 1
-        while j < len(value) and (value[j].isalnum() or value[j] == "_"):
-            j += 1
-        if j == i + 1:
-            out.append("$")
-            i += 1
-            continue
-        out.append(variables.get(value[i + 1 : j], ""))
-        i = j
-    return "".join(out)
-
-
-# -- endpoints -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A TCP endpoint (host name or address, port) the sandbox must be able to reach."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_endpoint(value: object) -> Endpoint:
-    """An :class:`Endpoint` from a URL, ``"host:port"``, ``(host, port)`` or an Endpoint."""
-    if isinstance(value, Endpoint):
-        return value
-    if isinstance(value, (tuple, list)) and len(value) == 2:  # pyright: ignore[reportUnknownArgumentType]
-        host, port = value  # pyright: ignore[reportUnknownVariableType]
-        return _checked_endpoint(str(host), port, value)
-    if isinstance(value, str):
-        text = value.strip()
-        parsed = urlsplit(text if "://" in text else f"tcp://{text}")
-        try:
-            port = parsed.port
-        except ValueError:
-            port = None
-        if port is None and parsed.scheme in ("http", "https"):
-            port = 443 if parsed.scheme == "https" else 80
-        if parsed.hostname and port is not None:
-            return _checked_endpoint(parsed.hostname, port, value)
-    raise ValueError(
-        f"forward_endpoints entry {value!r} is not an endpoint: give a URL "
-        "(http://127.0.0.1:8000/v1), 'host:port' or a (host, port) pair"
-    )
-
-
-def _checked_endpoint(host: str, port: object, original: object) -> Endpoint:
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise ValueError(f"forward_endpoints entry {original!r}: the port must be 1-65535")
-    if not host:
-        raise ValueError(f"forward_endpoints entry {original!r}: the host is empty")
-    return Endpoint(host, port)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _ipv4(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == 4
-    except ValueError:
-        return False
-
-
-@dataclass(frozen=True)
-class _Route:
-    """Listen inside the sandbox at (listen_host, port); relay to target."""
-
-    listen_host: str
-    port: int
-    target: Endpoint
-
-
-def _plan_routes(
-    endpoints: Iterable[Endpoint], allowed_hosts: Iterable[str]
-) -> tuple[list[_Route], dict[str, str], list[str]]:
-    """Forwarding routes, /etc/hosts names, and extra loopback addresses to add inside."""
-    routes: dict[tuple[str, int], _Route] = {}
-    names: dict[str, str] = {}
-    addresses: list[str] = []
-    next_alias = [2]
-
-    def listen_address(host: str) -> str:
-        if _is_loopback(host):
-            return "127.0.0.1" if host == "localhost" else host
-        if _ipv4(host):
-            if host not in addresses:
-                addresses.append(host)
-            return host
-        if host not in names:
-            names[host] = f"127.0.100.{next_alias[0]}"
-            next_alias[0] += 1
-        return names[host]
-
-    def add(host: str, port: int) -> None:
-        listen = listen_address(host)
-        routes.setdefault((listen, port), _Route(listen, port, Endpoint(host, port)))
-
-    for endpoint in endpoints:
-        add(endpoint.host, endpoint.port)
-    for host in allowed_hosts:
-        for port in ALLOWLIST_PORTS:
-            add(host, port)
-    return list(routes.values()), names, addresses
-
-
-# -- the host side of forwarding -------------------------------------------------------------
-
-
-def _listen_in_netns(netns_path: str, addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
-    """Listening TCP sockets created inside the network namespace at ``netns_path``.
-
-    A new thread joins the namespace (only that thread switches), creates the sockets and
-    ends; the sockets keep the namespace they were made in.
-    """
-    result: list[socket.socket] = []
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    code = ctypes.get_errno()
-                    raise OSError(code, f"setns({netns_path}): {os.strerror(code)}")
-            finally:
-                os.close(fd)
-            for host, port in addresses:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((host, port))
-                sock.listen(128)
-                sock.setblocking(False)
-                result.append(sock)
-        except BaseException as exc:
-            failure.append(exc)
-            for sock in result:
-                sock.close()
-
-    thread = threading.Thread(target=work, name="sandbox-netns", daemon=True)
-    thread.start()
-    thread.join()
-    if failure:
-        raise SandboxError(f"could not listen inside the sandbox network: {failure[0]}")
-    return result
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while chunk := await reader.read(65536):
-            writer.write(chunk)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        pass
-
-
-class _Forwarder:
-    """Relays connections accepted inside the sandbox to endpoints reached from the host."""
-
-    def __init__(self) -> None:
-        self._servers: list[asyncio.Server] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self, sockets: Sequence[socket.socket], routes: Sequence[_Route]) -> None:
-        for sock, route in zip(sockets, routes, strict=True):
-            server = await asyncio.start_server(
-                lambda r, w, target=route.target: self._relay(r, w, target), sock=sock
-            )
-            self._servers.append(server)
-
-    async def _relay(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: Endpoint
-    ) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)  # pyright: ignore[reportArgumentType]
-        try:
-            try:
-                up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
-            except OSError:
-                writer.close()
-                return
-            try:
-                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-            finally:
-                up_writer.close()
-                writer.close()
-        finally:
-            if task is not None:
-                self._tasks.discard(task)  # pyright: ignore[reportArgumentType]
-
-    async def close(self) -> None:
-        for server in self._servers:
-            server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for server in self._servers:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), timeout=1.0)
-        self._servers.clear()
 
 
 # -- host checks -----------------------------------------------------------------------------
@@ -618,55 +283,6 @@ def default_environment_config(**kwargs: Any) -> Any:
 # -- the environment -------------------------------------------------------------------------
 
 
-@dataclass
-class _Holder:
-    """A running trial: its privileged helper (a session of its own, ``pidfd`` to wait on
-    it), the helper's control socket (commands start through it), bubblewrap's init in the
-    trial's PID namespace and the holder process inside (host pids)."""
-
-    helper_pid: int
-    pidfd: int
-    control: socket.socket
-    init_pid: int = 0
-    pid: int = 0
-
-    async def start_command(self, spec: dict[str, Any], stdio: Sequence[Any]) -> socket.socket:
-        """Ask the helper to start a command; returns the socket its pid and status come on."""
-        reply, reply_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        spec_fd = _spec_file(spec)
-        try:
-            fds = [spec_fd, *(_fileno(f) for f in stdio), reply_child.fileno()]
-            deadline = time.monotonic() + _ATTACH_TIMEOUT_SEC
-            while True:
-                try:
-                    socket.send_fds(self.control, [b"run"], fds)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        reply.close()
-                        raise SandboxError(
-                            f"the sandbox helper (pid {self.helper_pid}) took no command "
-                            f"for {_ATTACH_TIMEOUT_SEC:.0f} s"
-                        ) from None
-                    await asyncio.sleep(0.005)
-                except OSError as exc:
-                    reply.close()
-                    raise SandboxError(f"the sandbox is not running any more ({exc})") from None
-        finally:
-            os.close(spec_fd)
-            reply_child.close()
-        reply.setblocking(False)
-        return reply
-
-
-@dataclass
-class _BuildState:
-    variables: dict[str, str] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    workdir: str = "/"
-    user: str | None = None
-
-
 def _base_init_accepts(name: str) -> bool:
     return name in inspect.signature(BaseEnvironment.__init__).parameters
 
@@ -701,12 +317,12 @@ class LocalSandboxEnvironment(BaseEnvironment):
         root = Path(state_dir) if state_dir else Path(tempfile.gettempdir()) / "osmosis-sandbox"
         self._state_root = root
         self._hidden = tuple(_DEFAULT_HIDDEN if hidden_paths is None else hidden_paths)
-        self._holder: _Holder | None = None
+        self._holder: Holder | None = None
         self._trial_dir: Path | None = None
-        self._forwarder: _Forwarder | None = None
-        self._build = _BuildState()
+        self._forwarder: Forwarder | None = None
+        self._build = BuildState()
         self._instructions: list[Instruction] = []
-        self._routes: list[_Route] = []
+        self._routes: list[Route] = []
         self._loopback_addresses: list[str] = []
         if _base_init_accepts("auto_mounting"):
             # Binding the trial's log folders is free here; Harbor then reads them in place.
@@ -804,32 +420,39 @@ class LocalSandboxEnvironment(BaseEnvironment):
         await self._upload_tar(entries, target_dir)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        with tempfile.TemporaryFile() as content:
-            result = await self._transfer(
-                f"download of {source_path} from",
-                f"test -f {shlex.quote(source_path)} && cat -- {shlex.quote(source_path)}",
-                stdout=content,
-            )
-            if result.return_code != 0:
-                raise FileNotFoundError(
-                    f"download_file: {source_path} is not a file in sandbox {self.session_id}"
-                    + (f": {result.stderr.strip()}" if result.stderr else "")
-                )
-            await asyncio.to_thread(_save, content, Path(target_path))
+        quoted = shlex.quote(source_path)
+        command = f"test -f {quoted} && cat -- {quoted}"
+        await self._download(
+            "download_file", source_path, "file", command, finish=_save, target=target_path
+        )
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        with tempfile.TemporaryFile() as archive:
-            result = await self._transfer(
-                f"download of {source_dir} from",
-                f"test -d {shlex.quote(source_dir)} && tar -C {shlex.quote(source_dir)} -cf - .",
-                stdout=archive,
-            )
+        quoted = shlex.quote(source_dir)
+        command = f"test -d {quoted} && tar -C {quoted} -cf - ."
+        await self._download(
+            "download_dir", source_dir, "folder", command, finish=_unpack, target=target_dir
+        )
+
+    async def _download(
+        self,
+        what: str,
+        source: str,
+        kind: str,
+        command: str,
+        *,
+        finish: Callable[[Any, Path], None],
+        target: Path | str,
+    ) -> None:
+        """Run ``command`` (which writes ``source`` to its stdout) within the transfer
+        deadline, then hand its output to ``finish`` (save the file or unpack the folder)."""
+        with tempfile.TemporaryFile() as content:
+            result = await self._transfer(f"download of {source} from", command, stdout=content)
             if result.return_code != 0:
                 raise FileNotFoundError(
-                    f"download_dir: {source_dir} is not a folder in sandbox {self.session_id}"
+                    f"{what}: {source} is not a {kind} in sandbox {self.session_id}"
                     + (f": {result.stderr.strip()}" if result.stderr else "")
                 )
-            await asyncio.to_thread(_unpack, archive, Path(target_dir))
+            await asyncio.to_thread(finish, content, Path(target))
 
     # -- setup --
 
@@ -899,20 +522,20 @@ class LocalSandboxEnvironment(BaseEnvironment):
             # the holder: keeps the namespaces alive until the helper ends
             "command": list(self.holder_command),
             "path": os.environ.get("PATH", BASE_PATH),
-            "last_cap": _last_capability(),
+            "last_cap": last_capability(),
             "ready_timeout_ms": max(1, int(ready_s * 1000)),
         }
         errors = trial_dir / "io" / "holder.err"
         control, control_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with errors.open("wb") as stderr:
-                helper_pid = _launcher.launch(spec, [stderr.fileno(), control_child.fileno()])
+                helper_pid = launcher.launch(spec, [stderr.fileno(), control_child.fileno()])
         except BaseException:
             control.close()
             raise
         finally:
             control_child.close()
-        holder = _Holder(helper_pid, os.pidfd_open(helper_pid), control)
+        holder = Holder(helper_pid, os.pidfd_open(helper_pid), control)
         waited = time.monotonic()
         try:
             control.settimeout(ready_s + 5)
@@ -921,7 +544,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             answer = f"error {type(exc).__name__}: {exc}"
         word, _, value = answer.partition(" ")
         if word != "ok":
-            _end_holder(holder)
+            end_holder(holder)
             detail = errors.read_text(errors="replace").strip()
             if "was not ready within" in value or time.monotonic() - waited >= ready_s:
                 raise SANDBOX_READY.error(
@@ -954,7 +577,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             if self._network_mode() == NetworkMode.ALLOWLIST
             else []
         )
-        routes, names, addresses = _plan_routes(self._forward if restricted else (), allowed)
+        routes, names, addresses = plan_routes(self._forward if restricted else (), allowed)
         self._routes, self._loopback_addresses = routes, addresses
         if names:
             self._write_hosts_file(upper, names)
@@ -1034,11 +657,11 @@ class LocalSandboxEnvironment(BaseEnvironment):
         for address in self._loopback_addresses:
             # the host's own ip, in the trial's network namespace only (the trial's root has
             # no capability to add addresses)
-            await asyncio.to_thread(_add_loopback_address, netns, address)
+            await asyncio.to_thread(add_loopback_address, netns, address)
         sockets = await asyncio.to_thread(
-            _listen_in_netns, netns, [(r.listen_host, r.port) for r in routes]
+            listen_in_netns, netns, [(r.listen_host, r.port) for r in routes]
         )
-        self._forwarder = _Forwarder()
+        self._forwarder = Forwarder()
         await self._forwarder.start(sockets, routes)
 
     async def _apply_dockerfile(self) -> list[str]:
@@ -1048,15 +671,15 @@ class LocalSandboxEnvironment(BaseEnvironment):
         context = await asyncio.to_thread(Path(self.environment_dir).resolve)
         for item in self._instructions:
             keyword = item.keyword
-            if keyword in _SKIPPED or keyword == "FROM":
+            if keyword in SKIPPED or keyword == "FROM":
                 continue
-            args = _expand(item.args, {**state.variables, **state.env})
+            args = expand(item.args, {**state.variables, **state.env})
             if keyword == "ARG":
-                for name, value in _parse_assignments(item.args, keyword, item.line).items():
-                    state.variables.setdefault(name, _expand(value, state.variables))
+                for name, value in parse_assignments(item.args, keyword, item.line).items():
+                    state.variables.setdefault(name, expand(value, state.variables))
             elif keyword == "ENV":
-                for name, value in _parse_assignments(item.args, keyword, item.line).items():
-                    state.env[name] = _expand(value, {**state.variables, **state.env})
+                for name, value in parse_assignments(item.args, keyword, item.line).items():
+                    state.env[name] = expand(value, {**state.variables, **state.env})
             elif keyword == "WORKDIR":
                 state.workdir = str(PurePosixPath(state.workdir) / args.strip())
                 pending.append(state.workdir)
@@ -1066,7 +689,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             elif keyword == "RUN":
                 await self._make_dirs(pending)
                 pending = []
-                words = _split_words(item.args)
+                words = split_words(item.args)
                 command = shlex.join(words) if item.args.startswith("[") else item.args
                 env = self._command_env({**state.variables, **state.env}, include_build=False)
                 result = await self._run(
@@ -1088,7 +711,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         return pending
 
     async def _copy(self, item: Instruction, args: str, context: Path) -> None:
-        words = _split_words(args)
+        words = split_words(args)
         chmod = next((w.split("=", 1)[1] for w in words if w.startswith("--chmod=")), None)
         # --chown (everything runs as root), --link and --parents change nothing here
         paths = [word for word in words if not word.startswith("--")]
@@ -1098,7 +721,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             )
         *sources, dest = paths
         destination = PurePosixPath(self._build.workdir) / dest
-        entries, into_dir = await asyncio.to_thread(_copy_sources, item, sources, context)
+        entries, into_dir = await asyncio.to_thread(copy_sources, item, sources, context)
         into_dir = into_dir or dest.endswith("/")
         if into_dir:
             await self._upload_tar(entries, str(destination), mode=chmod)
@@ -1174,11 +797,11 @@ class LocalSandboxEnvironment(BaseEnvironment):
             files.callback(reply.close)
             loop = asyncio.get_running_loop()
             try:
-                started = await asyncio.wait_for(loop.sock_recv(reply, 65536), _ATTACH_TIMEOUT_SEC)
+                started = await asyncio.wait_for(loop.sock_recv(reply, 65536), ATTACH_TIMEOUT_SEC)
             except TimeoutError:
                 raise SandboxError(
                     f"sandbox {self.session_id}: the helper did not start the command within "
-                    f"{_ATTACH_TIMEOUT_SEC:.0f} s"
+                    f"{ATTACH_TIMEOUT_SEC:.0f} s"
                 ) from None
             word, _, value = started.decode().partition(" ")
             if word != "pid":
@@ -1191,12 +814,12 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 ended = loop.sock_recv(reply, 65536)
                 answer = await (asyncio.wait_for(ended, timeout_sec) if timeout_sec else ended)
             except TimeoutError:
-                _kill_group(pid)
+                kill_group(pid)
                 raise SandboxTimeoutError(
                     f"Command timed out after {timeout_sec} seconds"
                 ) from None
             except BaseException:
-                _kill_group(pid)
+                kill_group(pid)
                 raise
             word, _, value = answer.decode().partition(" ")
             if word != "exit":
@@ -1262,7 +885,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             self._forwarder = None
         holder, self._holder = self._holder, None
         if holder is not None:
-            await asyncio.to_thread(_end_holder, holder)
+            await asyncio.to_thread(end_holder, holder)
         trial_dir, self._trial_dir = self._trial_dir, None
         if trial_dir is not None:
             await asyncio.to_thread(shutil.rmtree, trial_dir, True)
@@ -1273,33 +896,6 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _fileno(file: Any) -> int:
-    return file if isinstance(file, int) else file.fileno()
-
-
-def _spec_file(spec: dict[str, Any]) -> int:
-    """An anonymous file holding ``spec`` (marshal: the helper reads it without importing
-    anything), passed to the helper by descriptor, never in its argv or environment."""
-    fd = os.memfd_create("osmosis-sandbox-spec", 0)
-    data = marshal.dumps(spec)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    return fd
-
-
-def _last_capability() -> int:
-    try:
-        return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
-    except (OSError, ValueError):
-        return 63
 
 
 def _trial_id(host_id: int) -> int:
@@ -1358,152 +954,6 @@ def _give_to_trial(folder: Path) -> None:
     for parent, dirs, files in os.walk(folder):
         for name in (*dirs, *files):
             os.chown(os.path.join(parent, name), owner, owner, follow_symlinks=False)
-
-
-def _add_loopback_address(netns: str, address: str) -> None:
-    result = subprocess.run(
-        ["nsenter", f"--net={netns}", "ip", "addr", "add", f"{address}/32", "dev", "lo"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise SandboxError(
-            f"could not add {address} to the sandbox's loopback: {result.stderr.strip()}"
-        )
-
-
-def _end_holder(holder: _Holder) -> None:
-    """End the sandbox: killing the PID namespace's init kills every process in it, and the
-    helper ends with it (or when its control socket closes)."""
-    holder.control.close()
-    if holder.init_pid:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(holder.init_pid, signal.SIGKILL)
-    grace = SANDBOX_TEARDOWN.seconds()
-    try:
-        if not select.select([holder.pidfd], [], [], grace)[0]:
-            _kill_group(holder.helper_pid)
-            if not select.select([holder.pidfd], [], [], grace)[0]:
-                raise SandboxError(
-                    f"the sandbox helper (pid {holder.helper_pid}) did not end after SIGKILL "
-                    f"within {grace:g} s ({SANDBOX_TEARDOWN.setting})"
-                )
-    finally:
-        os.close(holder.pidfd)
-
-
-class _Launcher:
-    """The one process (per host process) that starts trials: ``sandbox_enter.py launcher``,
-    run as root; it forks a helper per trial, which saves an interpreter start per trial.
-    Started on first use, again if it has ended; it ends when this process does."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._process: subprocess.Popen[bytes] | None = None
-        self._socket: socket.socket | None = None
-        self._owner = os.getpid()
-
-    def launch(self, spec: dict[str, Any], fds: Sequence[int]) -> int:
-        """Start one trial's helper with ``spec``, its stderr and its control socket;
-        returns the helper's pid."""
-        spec_fd = _spec_file(spec)
-        try:
-            with self._lock:
-                sock = self._running()
-                try:
-                    socket.send_fds(sock, [b"holder"], [spec_fd, *fds])
-                    answer = sock.recv(65536).decode(errors="replace")
-                except OSError as exc:
-                    self._stop()
-                    raise SandboxError(f"the sandbox launcher did not answer: {exc}") from None
-        finally:
-            os.close(spec_fd)
-        word, _, value = answer.partition(" ")
-        if word != "pid":
-            if not answer:
-                self._stop()
-            raise SandboxError(f"the sandbox launcher could not start a trial: {value or 'ended'}")
-        return int(value)
-
-    def _running(self) -> socket.socket:
-        if self._owner != os.getpid():
-            # a forked copy of this process: the launcher and its socket are the parent's
-            if self._socket is not None:
-                self._socket.close()
-            self._process, self._socket, self._owner = None, None, os.getpid()
-        if self._process is not None and self._process.poll() is None and self._socket:
-            return self._socket
-        self._stop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", _ENTER_SCRIPT, "launcher", str(theirs.fileno())],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-                env={"PATH": os.environ.get("PATH", BASE_PATH)},
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.settimeout(_ATTACH_TIMEOUT_SEC)
-        self._socket = ours
-        return ours
-
-    def _stop(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-        if self._process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self._process.kill()
-            self._process.wait()
-            self._process = None
-
-
-_launcher = _Launcher()
-
-
-def _copy_sources(
-    item: Instruction, sources: Sequence[str], context: Path
-) -> tuple[list[tuple[Path, str]], bool]:
-    """COPY/ADD sources matched in the build context: (entries to pack, copy into a folder)."""
-    matches: list[Path] = []
-    for pattern in sources:
-        if "://" in pattern:
-            raise UnsupportedDockerfileError(
-                f"Dockerfile line {item.line}: ADD of a URL ({pattern}) is not supported "
-                "by the local sandbox; put the file in the environment folder"
-            )
-        found = sorted(glob(str(context / pattern)))
-        if not found:
-            raise FileNotFoundError(
-                f"Dockerfile line {item.line}: {item.keyword} source {pattern!r} is not in "
-                f"{context}"
-            )
-        for hit in found:
-            path = Path(os.path.abspath(hit))
-            if path != context and context not in path.parents:
-                raise UnsupportedDockerfileError(
-                    f"Dockerfile line {item.line}: {item.keyword} source {pattern!r} is "
-                    f"outside the environment folder {context}"
-                )
-            matches.append(path)
-    into_dir = len(matches) > 1 or any(p.is_dir() and not p.is_symlink() for p in matches)
-    if not into_dir:
-        return [(matches[0], matches[0].name)], False
-    entries: list[tuple[Path, str]] = []
-    for path in matches:
-        if path.is_dir() and not path.is_symlink():
-            entries += [(child, child.name) for child in sorted(path.iterdir())]
-        else:
-            entries.append((path, path.name))
-    return entries, True
 
 
 def _folder_entries(source: Path, what: str) -> list[tuple[Path, str]]:

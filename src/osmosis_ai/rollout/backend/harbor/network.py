@@ -1,0 +1,257 @@
+"""The sandbox's network: endpoints, the routes a restricted network keeps open, and the host
+side that relays them.
+
+``no-network`` gives the sandbox its own network namespace (loopback only); ``allowlist`` does
+the same and forwards ports 80 and 443 of each allowed host name or IPv4 address (the name
+resolves inside through ``/etc/hosts``). In both, each endpoint in ``forward_endpoints`` stays
+reachable at its own address and port: this process listens inside the namespace (the socket
+is created by a short-lived thread that joins it) and relays each connection to the real
+endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ipaddress
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from osmosis_ai.rollout.backend.harbor.errors import SandboxError
+
+__all__ = [
+    "ALLOWLIST_PORTS",
+    "Endpoint",
+    "Forwarder",
+    "Route",
+    "add_loopback_address",
+    "listen_in_netns",
+    "parse_endpoint",
+    "plan_routes",
+]
+
+ALLOWLIST_PORTS = (80, 443)
+_CLONE_NEWNET = 0x40000000
+
+
+# -- endpoints -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A TCP endpoint (host name or address, port) the sandbox must be able to reach."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_endpoint(value: object) -> Endpoint:
+    """An :class:`Endpoint` from a URL, ``"host:port"``, ``(host, port)`` or an Endpoint."""
+    if isinstance(value, Endpoint):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) == 2:  # pyright: ignore[reportUnknownArgumentType]
+        host, port = value  # pyright: ignore[reportUnknownVariableType]
+        return _checked_endpoint(str(host), port, value)
+    if isinstance(value, str):
+        text = value.strip()
+        parsed = urlsplit(text if "://" in text else f"tcp://{text}")
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        if port is None and parsed.scheme in ("http", "https"):
+            port = 443 if parsed.scheme == "https" else 80
+        if parsed.hostname and port is not None:
+            return _checked_endpoint(parsed.hostname, port, value)
+    raise ValueError(
+        f"forward_endpoints entry {value!r} is not an endpoint: give a URL "
+        "(http://127.0.0.1:8000/v1), 'host:port' or a (host, port) pair"
+    )
+
+
+def _checked_endpoint(host: str, port: object, original: object) -> Endpoint:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"forward_endpoints entry {original!r}: the port must be 1-65535")
+    if not host:
+        raise ValueError(f"forward_endpoints entry {original!r}: the host is empty")
+    return Endpoint(host, port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _ipv4(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 4
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Route:
+    """Listen inside the sandbox at (listen_host, port); relay to target."""
+
+    listen_host: str
+    port: int
+    target: Endpoint
+
+
+def plan_routes(
+    endpoints: Iterable[Endpoint], allowed_hosts: Iterable[str]
+) -> tuple[list[Route], dict[str, str], list[str]]:
+    """Forwarding routes, /etc/hosts names, and extra loopback addresses to add inside."""
+    routes: dict[tuple[str, int], Route] = {}
+    names: dict[str, str] = {}
+    addresses: list[str] = []
+    next_alias = [2]
+
+    def listen_address(host: str) -> str:
+        if _is_loopback(host):
+            return "127.0.0.1" if host == "localhost" else host
+        if _ipv4(host):
+            if host not in addresses:
+                addresses.append(host)
+            return host
+        if host not in names:
+            names[host] = f"127.0.100.{next_alias[0]}"
+            next_alias[0] += 1
+        return names[host]
+
+    def add(host: str, port: int) -> None:
+        listen = listen_address(host)
+        routes.setdefault((listen, port), Route(listen, port, Endpoint(host, port)))
+
+    for endpoint in endpoints:
+        add(endpoint.host, endpoint.port)
+    for host in allowed_hosts:
+        for port in ALLOWLIST_PORTS:
+            add(host, port)
+    return list(routes.values()), names, addresses
+
+
+# -- the host side of forwarding -------------------------------------------------------------
+
+
+def listen_in_netns(netns_path: str, addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
+    """Listening TCP sockets created inside the network namespace at ``netns_path``.
+
+    A new thread joins the namespace (only that thread switches), creates the sockets and
+    ends; the sockets keep the namespace they were made in.
+    """
+    result: list[socket.socket] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    code = ctypes.get_errno()
+                    raise OSError(code, f"setns({netns_path}): {os.strerror(code)}")
+            finally:
+                os.close(fd)
+            for host, port in addresses:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                sock.listen(128)
+                sock.setblocking(False)
+                result.append(sock)
+        except BaseException as exc:
+            failure.append(exc)
+            for sock in result:
+                sock.close()
+
+    thread = threading.Thread(target=work, name="sandbox-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise SandboxError(f"could not listen inside the sandbox network: {failure[0]}")
+    return result
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(65536):
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        pass
+
+
+class Forwarder:
+    """Relays connections accepted inside the sandbox to endpoints reached from the host."""
+
+    def __init__(self) -> None:
+        self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, sockets: Sequence[socket.socket], routes: Sequence[Route]) -> None:
+        for sock, route in zip(sockets, routes, strict=True):
+            server = await asyncio.start_server(
+                lambda r, w, target=route.target: self._relay(r, w, target), sock=sock
+            )
+            self._servers.append(server)
+
+    async def _relay(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: Endpoint
+    ) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)  # pyright: ignore[reportArgumentType]
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
+            except OSError:
+                writer.close()
+                return
+            try:
+                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            finally:
+                up_writer.close()
+                writer.close()
+        finally:
+            if task is not None:
+                self._tasks.discard(task)  # pyright: ignore[reportArgumentType]
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), timeout=1.0)
+        self._servers.clear()
+
+
+def add_loopback_address(netns: str, address: str) -> None:
+    result = subprocess.run(
+        ["nsenter", f"--net={netns}", "ip", "addr", "add", f"{address}/32", "dev", "lo"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise SandboxError(
+            f"could not add {address} to the sandbox's loopback: {result.stderr.strip()}"
+        )
