@@ -116,7 +116,7 @@ async def test_signed_out_pages_redirect_to_login_and_data_answers_401(world):
         assert login.status_code == 200 and 'data-test="login-form"' in login.text
 
 
-async def test_sign_in_sets_a_lax_httponly_session_cookie_and_sign_out_clears_it(world):
+async def test_sign_in_sets_a_strict_httponly_session_cookie_and_sign_out_clears_it(world):
     harness, alice = world["harness"], world["alice"]
     async with harness.client() as client:
         page = await client.get("/login")
@@ -128,7 +128,7 @@ async def test_sign_in_sets_a_lax_httponly_session_cookie_and_sign_out_clears_it
         assert answer.status_code == 303 and answer.headers["location"] == "/"
         cookie = answer.headers["set-cookie"].lower()
         assert cookie.startswith("osmosis_session=")
-        assert "httponly" in cookie and "samesite=lax" in cookie and "path=/" in cookie
+        assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie
         assert "secure" not in cookie  # the public URL is http
         home = await client.get("/")
         assert home.status_code == 303 and home.headers["location"] == BASE + "/runs"

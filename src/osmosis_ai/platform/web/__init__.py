@@ -2,7 +2,7 @@
 every value escaped (Jinja2 autoescaping), scripts and styles only from this server.
 
     device.py      /device: approving a CLI's device-code login
-    session.py     the dashboard's sign-in cookie and CSRF tokens
+    session.py     sign-in cookies and CSRF tokens, one policy for the dashboard and /device
     render.py      templates/, the security headers, /static (package files: the dashboard's
                    CSS and JS, and the vendored uPlot charting library; no CDN, no Node build)
     dashboard.py   /, /login, /logout, a workspace's runs (filters, live status)

@@ -57,7 +57,7 @@ class CsrfRejectedError(PlatformError):
     default_code = "CSRF_INVALID"
 
 
-class SignInRefused(PlatformError):
+class SignInRefusedError(PlatformError):
     status_code = 401
     default_code = "SIGN_IN_REFUSED"
 
@@ -96,7 +96,7 @@ class CookieSession:
             )
             generation = session_generation(db, principal.token_id)
         if principal.email != email.strip().lower():
-            raise SignInRefused("That token does not belong to that email address.")
+            raise SignInRefusedError("That token does not belong to that email address.")
         return self.session_cookie(platform, principal, generation=generation)
 
     def session_cookie(
