@@ -38,7 +38,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -56,7 +55,8 @@ from typing import IO, TYPE_CHECKING, Any
 from osmosis_ai.controller import containment
 from osmosis_ai.controller.errors import ControllerError
 from osmosis_ai.deadlines import ENVIRONMENT_BUILD
-from osmosis_ai.errors import DeadlineError
+from osmosis_ai.errors import DeadlineError, OsmosisError
+from osmosis_ai.procs import free_port, pid_alive, stop_group, stop_process
 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement
@@ -300,7 +300,7 @@ class RolloutServerProcess:
                 try:
                     code = process.wait(timeout=max(0.0, ends - time.monotonic()))
                 except BaseException as exc:
-                    _stop_group(process.pid, 0.0)
+                    stop_group(process.pid, 0.0)
                     process.wait()
                     if isinstance(exc, subprocess.TimeoutExpired):
                         raise ENVIRONMENT_BUILD.error(
@@ -359,7 +359,7 @@ class RolloutServerProcess:
     def spawn(self) -> None:
         """Start the child on the given port (refused if busy) or a free one; returns at once."""
         if not self._port_given:
-            self.port = _free_port(self.host)
+            self.port = free_port(self.host)
         elif _port_busy(self.port, self.host):  # type: ignore[arg-type]
             raise RolloutServerError(
                 f"port {self.port} is already in use: choose another --rollout-port "
@@ -379,13 +379,13 @@ class RolloutServerProcess:
             try:
                 self._wait_healthy()
                 return
-            except _PortTaken as taken:
+            except _PortTakenError as taken:
                 self.stop()
                 if attempt == tries - 1:
                     raise RolloutServerError(
                         f"port {self.port} was taken by another process{taken.detail}"
                     ) from None
-            self.port = _free_port(self.host)
+            self.port = free_port(self.host)
             self._spawn()
 
     def _popen_sync(self, command: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
@@ -512,7 +512,7 @@ class RolloutServerProcess:
                 # Older servers (the original 0.3.0) report no instance id: then the port we
                 # picked free a moment ago is taken to be our child's, as long as it lives.
                 if owner is not None and owner != self.instance_id:
-                    raise _PortTaken
+                    raise _PortTakenError
                 if response.status_code == 200:
                     return
                 time.sleep(_POLL_SEC)
@@ -529,7 +529,7 @@ class RolloutServerProcess:
             self._reader.join(timeout=2)
         code = self.process.returncode
         if not self._port_given and "address already in use" in self.output_tail().lower():
-            raise _PortTaken(f"; its last output:\n{self.output_tail()}")
+            raise _PortTakenError(f"; its last output:\n{self.output_tail()}")
         raise RolloutServerError(
             f"the rollout server (rollouts/{self.rollout_dir.name}/{self.entrypoint.name}) exited "
             f"with code {code} before it was healthy; its last output:\n{self.output_tail()}"
@@ -542,18 +542,12 @@ class RolloutServerProcess:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, grace_sec: float = 5.0) -> None:
-        """SIGTERM the process group, then SIGKILL after ``grace_sec``."""
+        """SIGTERM the process group, then SIGKILL it after ``grace_sec`` (what is left of the
+        group goes even when the server itself has exited)."""
         process = self.process
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_sec)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=5)
+        stop_process(process, grace_sec)
         if self._reader is not None:
             self._reader.join(timeout=2)
 
@@ -563,9 +557,9 @@ def stop_if_ours(pid: int, port: int, instance_id: str, *, grace_sec: float = 5.
     ``grace_sec``) if it runs and the server on ``port`` still answers ``/health`` as
     ``instance_id``, so a reused pid or port is never touched; returns whether it did. For
     servers whose starter is gone (a controller killed with -9)."""
-    if not _alive(pid) or not _answers_as(port, instance_id):
+    if not pid_alive(pid) or not _answers_as(port, instance_id):
         return False
-    _stop_group(pid, grace_sec)
+    stop_group(pid, grace_sec)
     return True
 
 
@@ -583,36 +577,7 @@ def _answers_as(port: int, instance_id: str) -> bool:
     return owner == instance_id
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (macOS): kill(0) is all we know
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
-def _stop_group(pgid: int, grace_sec: float) -> None:
-    """SIGTERM the process group, SIGKILL it if it outlives the grace period."""
-    for sig, wait in ((signal.SIGTERM, grace_sec), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _alive(pgid):
-                return
-            time.sleep(0.05)
-
-
-class _PortTaken(Exception):
+class _PortTakenError(OsmosisError):
     """Something else answers on, or holds, the port we picked."""
 
     def __init__(self, detail: str = "") -> None:
@@ -621,12 +586,6 @@ class _PortTaken(Exception):
 
 
 _PORT_TRIES = 3
-
-
-def _free_port(host: str = LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _port_busy(port: int, host: str = LOOPBACK) -> bool:

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import httptools
 import httpx
 
-from osmosis_ai.errors import ProtocolError, UsageError
+from osmosis_ai.errors import OsmosisError, ProtocolError, UsageError
 
 MAX_HEAD_BYTES = 64 * 1024
 _PAUSE_BYTES = 1024 * 1024  # stop reading while this much body waits for the caller
@@ -54,15 +54,15 @@ class RemoteProtocolError(ProtocolError):
     """The server's bytes are not a well-formed HTTP/1.1 answer, or it hung up early."""
 
 
-class WriteTimeoutError(TimeoutError):
+class WriteTimeoutError(OsmosisError, TimeoutError):
     """The server took in none of the request's bytes within the write timeout."""
 
 
-class _NotSent(RemoteProtocolError):
+class _NotSentError(RemoteProtocolError):
     """The connection was found closed before any of the request was written."""
 
 
-class _Abandon(Exception):
+class _AbandonError(OsmosisError):
     """Raised inside a parser callback to stop parsing: the answer is complete without
     what llhttp would still wait for (a ``HEAD`` answer's announced body), or what follows
     the answer is not ours to read."""
@@ -201,7 +201,7 @@ class Connection(asyncio.Protocol):
         self._head_only = head_only
         self.untouched = True  # until an answer byte arrives
         if transport.is_closing() or not self._keep_alive:
-            raise _NotSent("the server closed the connection before the request was sent")
+            raise _NotSentError("the server closed the connection before the request was sent")
         self.used = True
         self.status, self.raw_headers, self.reason = 0, [], b""
         self._state, self._interim, self._body, self._body_bytes = _HEAD, False, [], 0
@@ -311,7 +311,7 @@ class Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self._state != _HEAD:  # a second answer, or bytes after the end of ours
             self._keep_alive = False
-            raise _Abandon
+            raise _AbandonError
         self.raw_headers, self.reason, self._header_bytes = [], b"", 0
         self._length = self._transfer = self._encoding = None
 
@@ -359,7 +359,7 @@ class Connection(asyncio.Protocol):
             self._set_decoder(self._encoding)
         if self._head_only:
             self._end()
-            raise _Abandon  # llhttp would wait for the body a content-length announces
+            raise _AbandonError  # llhttp would wait for the body a content-length announces
         if transfer is None and self._length is None and not no_body:
             self._state, self._keep_alive = _UNTIL_CLOSE, False
         else:
@@ -378,7 +378,7 @@ class Connection(asyncio.Protocol):
 
     def _parse_failed(self, exc: httptools.HttpParserError, data: bytes, in_head: bool) -> None:
         cause = exc.__context__
-        if isinstance(cause, _Abandon):
+        if isinstance(cause, _AbandonError):
             # The answer is whole; what llhttp would read next is not part of it.
             self._parser = None
             if self._state != _DONE:
@@ -744,7 +744,7 @@ async def _exchange(
     try:
         await _send(pool, connection, data, head_only=head_only, decode=decode, timeouts=timeouts)
         return connection
-    except _NotSent:
+    except _NotSentError:
         pass
     except RemoteProtocolError as exc:
         if not (reused and connection.untouched and idempotent):

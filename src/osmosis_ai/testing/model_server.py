@@ -22,7 +22,7 @@ from types import FrameType, TracebackType
 from typing import Any, Literal, cast
 
 from osmosis_ai.controller.asgi import dumps, error_body
-from osmosis_ai.errors import UsageError
+from osmosis_ai.errors import OsmosisError, UsageError
 from osmosis_ai.rollout.asgi import (
     SSE_HEADERS,
     Receive,
@@ -89,7 +89,7 @@ class RecordedRequest:
 Responder = Callable[[ChatRequest], ScriptedTurn | str | Awaitable[ScriptedTurn | str]]
 
 
-class _HTTPError(Exception):
+class _HTTPError(OsmosisError):
     """Ends a request early with an OpenAI-style error body."""
 
     def __init__(self, status: int, message: str, code: str | None = None) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
-from osmosis_ai.errors import MissingExtraError
+from osmosis_ai.errors import MissingExtraError, OsmosisError
 from osmosis_ai.workspace.rows import DatasetError, json_type, parse_metadata
 
 EXTENSIONS = ("jsonl", "csv", "parquet")
@@ -71,7 +71,7 @@ class DatasetValidation:
         }
 
 
-class _Stop(Exception):
+class _StopError(OsmosisError):
     """Raised by :class:`_Errors` once its limit is reached."""
 
 
@@ -83,12 +83,12 @@ class _Errors:
     def add(self, message: str) -> None:
         self.items.append(message)
         if len(self.items) >= self.limit:
-            raise _Stop
+            raise _StopError
 
     def fatal(self, message: str) -> NoReturn:
         """Record an error after which the file cannot be read further."""
         self.items.append(message)
-        raise _Stop
+        raise _StopError
 
 
 def validate_dataset(path: Path) -> DatasetValidation:
@@ -121,7 +121,7 @@ def validate_dataset(path: Path) -> DatasetValidation:
     count: int | None = None
     try:
         count = _RowChecker(errors).run(_records(path, extension, errors))
-    except _Stop:
+    except _StopError:
         pass
     except OSError as exc:
         errors.items.append(f"cannot read the file ({exc.strerror or exc})")
@@ -149,7 +149,7 @@ def read_rows(path: Path, *, limit: int | None = None) -> list[Row]:
     try:
         rows = (row for _, row in records if row is not None)
         return list(rows if limit is None else itertools.islice(rows, limit))
-    except _Stop:
+    except _StopError:
         raise DatasetError(errors.items[0], path=path) from None
     finally:
         if isinstance(records, Generator):

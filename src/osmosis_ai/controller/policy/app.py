@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs
 
 from osmosis_ai.controller.asgi import dumps, error_body
-from osmosis_ai.errors import UsageError
+from osmosis_ai.errors import OsmosisError, UsageError
 from osmosis_ai.rollout.asgi import (
     SSE_HEADERS,
     Receive,
@@ -39,7 +39,7 @@ _ROUTES = {
 }
 
 
-class _HTTPError(Exception):
+class _HTTPError(OsmosisError):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.status = status

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
 from starlette.background import BackgroundTask
 
+from osmosis_ai.errors import OsmosisError
 from osmosis_ai.platform.api.deps import Platform, authenticated, bearer_token, current_platform
 from osmosis_ai.platform.errors import AuthenticationError, NotFoundError, PlatformError
 from osmosis_ai.platform.services import deployments
@@ -38,7 +39,7 @@ class _Caller:
     workspace_id: str | None = None  # a serving key's workspace
 
 
-class _OpenAIError(Exception):
+class _OpenAIError(OsmosisError):
     def __init__(self, status: int, message: str, kind: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.kind, self.code = status, kind, code

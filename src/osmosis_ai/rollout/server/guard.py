@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Sequence
 
+from osmosis_ai.errors import OsmosisError
 from osmosis_ai.rollout.asgi import JSON_ENCODER, ASGIApp, Message, Receive, Scope, Send, send_body
 
 
@@ -19,7 +20,7 @@ async def _send_detail(
     await send_body(send, status, JSON_ENCODER.encode({"detail": detail}).encode(), headers)
 
 
-class _TooLarge(Exception):
+class _TooLargeError(OsmosisError):
     pass
 
 
@@ -69,7 +70,7 @@ class GuardMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
-                    raise _TooLarge
+                    raise _TooLargeError
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -80,7 +81,7 @@ class GuardMiddleware:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
+        except _TooLargeError:
             if not started:
                 await _send_detail(send, 413, self._too_large_message(received))
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from osmosis_ai.errors import OsmosisError
 from osmosis_ai.rollout.protocol import Generation
 from osmosis_ai.rollout.sample import RolloutSample
 from osmosis_ai.rollout.status import RolloutErrorCategory, RolloutStatus
@@ -38,7 +39,7 @@ PROGRESS_COALESCE_SEC = 0.05
 _TOKEN_BYTES = 32
 
 
-class DuplicateRolloutError(Exception):
+class DuplicateRolloutError(OsmosisError):
     """A polling-generation request reused an id the server still holds."""
 
 
