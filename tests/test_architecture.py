@@ -122,6 +122,43 @@ def test_every_area_is_documented():
     assert not missing, f"docs/architecture.md does not describe {sorted(missing)}"
 
 
+# The platform's client (what the CLI talks to a platform with) stays light: no server code
+# of the platform, none of the server's libraries.
+CLIENT = PACKAGE / "platform" / "client"
+SERVER_LIBRARIES = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "jinja2"}
+
+
+def imported_names(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", sorted(CLIENT.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_the_platform_client_imports_no_server_code(path: Path):
+    names = imported_names(path)
+    server = {
+        name
+        for name in names
+        if name.startswith("osmosis_ai.platform.")
+        and not name.startswith("osmosis_ai.platform.client.")
+    }
+    libraries = {name for name in names if name.split(".")[0] in SERVER_LIBRARIES}
+    assert not server | libraries, (
+        f"{path.relative_to(PACKAGE)} imports {sorted(server | libraries)}"
+    )
+
+
+def test_the_client_check_sees_the_client():
+    assert (CLIENT / "api.py").is_file() and (CLIENT / "__init__.py").is_file()
+
+
 # --- no import cycles ------------------------------------------------------------------------
 
 

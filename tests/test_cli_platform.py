@@ -10,7 +10,7 @@ import pytest
 import platform_cli_support as support
 from cli_support import check_golden, invoke
 from osmosis_ai.cli import records
-from osmosis_ai.platform.credentials import credentials_path
+from osmosis_ai.platform.client.credentials import credentials_path
 from platform_cli_support import IDENTITY, git
 
 standin, home, workspace, platform_env = (

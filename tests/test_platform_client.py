@@ -12,22 +12,22 @@ import pytest
 
 import platform_cli_support as support
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.platform import client as client_module
 from osmosis_ai.platform.client import (
     PlatformClient,
     PlatformClientError,
     UploadInstructions,
     normalize_platform_url,
 )
-from osmosis_ai.platform.credentials import (
+from osmosis_ai.platform.client import api as client_module
+from osmosis_ai.platform.client.credentials import (
     Credentials,
     CredentialStore,
     credentials_path,
     keyring_prefix,
     resolve_target,
 )
-from osmosis_ai.platform.local_repo import identity_of
-from osmosis_ai.platform.transfer import Transfers
+from osmosis_ai.platform.client.local_repo import identity_of
+from osmosis_ai.platform.client.transfer import Transfers
 from osmosis_ai.testing.serving import free_port
 
 standin, home = support.standin, support.home  # fixtures

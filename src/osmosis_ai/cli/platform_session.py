@@ -28,10 +28,15 @@ from osmosis_ai.platform.client import (
     is_insecure_url,
     normalize_platform_url,
 )
-from osmosis_ai.platform.credentials import Credentials, CredentialStore, Target, resolve_target
+from osmosis_ai.platform.client.credentials import (
+    Credentials,
+    CredentialStore,
+    Target,
+    resolve_target,
+)
 
 if TYPE_CHECKING:
-    from osmosis_ai.platform.transfer import Transfers
+    from osmosis_ai.platform.client.transfer import Transfers
 
 NOT_LOGGED_IN = "Not logged in. Run 'osmosis auth login' first, or set OSMOSIS_TOKEN."
 SCAFFOLD_DIRS = ("rollouts", "configs/training", "configs/eval", "data")
@@ -108,7 +113,7 @@ def find_workspace_directory(start: Path | None = None) -> WorkspaceDirectory | 
 
 
 def require_workspace_directory(start: Path | None = None) -> WorkspaceDirectory:
-    from osmosis_ai.platform.local_repo import identity_of, origin_url, worktree_root
+    from osmosis_ai.platform.client.local_repo import identity_of, origin_url, worktree_root
 
     here = (start or Path.cwd()).resolve()
     root = worktree_root(here)
@@ -167,7 +172,7 @@ class Session:
 
     def transfers(self) -> Transfers:
         """Moves bytes through the presigned URLs this platform hands out."""
-        from osmosis_ai.platform.transfer import Transfers
+        from osmosis_ai.platform.client.transfer import Transfers
 
         return Transfers(allow_insecure=self.target.insecure, sleep=self.client.sleep)
 

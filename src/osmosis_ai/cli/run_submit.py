@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser, kind: SubmitKind) -> None:
 
 
 def submit(args: argparse.Namespace, ctx: Context, kind: SubmitKind) -> OperationResult:
-    from osmosis_ai.platform.submit import (
+    from osmosis_ai.platform.client.submit import (
         backend_preflight,
         check_pinned_commit,
         remote_fetch_notice,
@@ -237,7 +237,7 @@ def _stored_secret_scopes(ctx: Context, session: Session) -> dict[str, str] | No
 def _post(
     session: Session, kind: SubmitKind, body: dict[str, object], provided: dict[str, str]
 ) -> SubmitResult:
-    from osmosis_ai.platform.submit import MISSING_SECRET
+    from osmosis_ai.platform.client.submit import MISSING_SECRET
 
     try:
         answer = session.client.call("POST", kind.endpoint, json=body)

@@ -45,7 +45,9 @@ Layout (server parts need the ``platform`` extra and are imported only when used
     web/dashboard.py the dashboard at / (sign-in with email + token; runs, training and eval
                      run pages, datasets, models, secrets, members); see web/__init__.py
     crypto.py        data-dir keys, secret encryption; objects.py  file store, signed URLs
-    client.py        the /api/cli client the CLI uses (imports no server code)
+    client/          what the CLI uses: the /api/cli client, credentials, transfers, the
+                     submit preflight, the CLI's upload/download/login/submit sequences
+                     (imports no server code; see client/__init__.py)
 """
 
 from __future__ import annotations

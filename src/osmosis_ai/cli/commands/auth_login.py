@@ -21,7 +21,7 @@ from osmosis_ai.platform.client import (
     default_expiry,
     parse_timestamp,
 )
-from osmosis_ai.platform.credentials import Credentials, CredentialStore
+from osmosis_ai.platform.client.credentials import Credentials, CredentialStore
 
 TOKEN_MESSAGES = {
     "TOKEN_EXPIRED": "The token has expired.",

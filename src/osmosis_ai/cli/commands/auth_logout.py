@@ -13,7 +13,7 @@ from osmosis_ai.cli.confirm import confirm
 from osmosis_ai.cli.output import Context, OperationResult, Result
 from osmosis_ai.cli.platform_session import credential_store, platform_target
 from osmosis_ai.platform.client import PlatformClient, PlatformClientError
-from osmosis_ai.platform.credentials import Credentials, CredentialStore
+from osmosis_ai.platform.client.credentials import Credentials, CredentialStore
 
 _UNREADABLE = ("CREDENTIALS_PARSE_FAILED", "CREDENTIALS_VERSION_CHANGED")
 

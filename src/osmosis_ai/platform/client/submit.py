@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osmosis_ai.errors import UsageError
-from osmosis_ai.platform import local_repo
+from osmosis_ai.platform.client import local_repo
 from osmosis_ai.workspace import EvalConfig, TrainingConfig
 
 MISSING_SECRET = re.compile(r"Secret\(s\) not found: ([A-Z0-9_, ]+)")

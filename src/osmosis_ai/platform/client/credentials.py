@@ -23,14 +23,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from osmosis_ai.platform.client import (
+from osmosis_ai.platform.client.api import (
     DEFAULT_PLATFORM_URL,
-    PlatformClientError,
     User,
     is_insecure_url,
     normalize_platform_url,
     parse_timestamp,
 )
+from osmosis_ai.platform.client.errors import PlatformClientError
 
 CREDENTIALS_VERSION = 2
 KEYRING_SERVICE = "osmosis-cli"

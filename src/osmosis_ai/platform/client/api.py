@@ -22,7 +22,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.errors import OsmosisError
+from osmosis_ai.platform.client.errors import PlatformClientError
 
 DEFAULT_PLATFORM_URL = "https://platform.osmosis.ai"
 PAGE_LIMIT = 50  # the server's cap for resource lists
@@ -35,33 +35,6 @@ JSONObject = dict[str, Any]
 Warn = Callable[[str, str], None]  # (code, message)
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 M = TypeVar("M", bound=BaseModel)
-
-
-class PlatformClientError(OsmosisError):
-    """A platform call failed; ``code`` is the CLI error code it reports (§3.3).
-
-    ``details`` carry ``platform_code``, ``field``, the body's own details and
-    ``status_code`` when the platform answered at all.
-    """
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        *,
-        status_code: int | None = None,
-        details: dict[str, object] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status_code = status_code
-        self.details: dict[str, object] = details if details is not None else {}
-
-    @property
-    def platform_code(self) -> str | None:
-        code = self.details.get("platform_code")
-        return code if isinstance(code, str) else None
 
 
 # --- platform URLs --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from osmosis_ai.platform.client import PlatformClientError
+from osmosis_ai.platform.client.errors import PlatformClientError
 
 _SCP_LIKE = re.compile(r"^(?:(?P<user>[^@/\s]+)@)?(?P<host>[^:/\s]+):(?P<path>[^/].*)$")
 _NAME = re.compile(r"^[a-z0-9._-]+$")

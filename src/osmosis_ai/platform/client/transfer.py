@@ -20,13 +20,13 @@ from urllib.parse import urlsplit
 import httpx
 
 from osmosis_ai.consts import PACKAGE_VERSION
-from osmosis_ai.platform.client import (
-    PlatformClientError,
+from osmosis_ai.platform.client.api import (
     Progress,
     UploadInstructions,
     is_insecure_url,
     network_error,
 )
+from osmosis_ai.platform.client.errors import PlatformClientError
 
 CHUNK = 1 << 20
 RETRY_STATUSES = (429, 500, 502, 503, 504)
