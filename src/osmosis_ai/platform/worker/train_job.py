@@ -32,6 +32,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from osmosis_ai.errors import OsmosisError
 from osmosis_ai.platform import training_metrics
 from osmosis_ai.platform.services import work
 from osmosis_ai.platform.store.orm import Dataset, Model
@@ -46,7 +47,7 @@ _RESUME_POINT = re.compile(r"^checkpoint-(\d+)$")
 _LOG_STEP = "train"
 
 
-class JobError(Exception):
+class JobError(OsmosisError):
     """The run cannot go on, for a reason its owner can fix (the message says which)."""
 
     def __init__(self, message: str, *, status: str = "failed") -> None:

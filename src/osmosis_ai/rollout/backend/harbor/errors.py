@@ -1,4 +1,5 @@
-"""The errors of the local sandbox (``sandbox.py`` and the modules it is made of).
+"""The errors of the local sandbox (``sandbox.py`` and the modules it is made of), each an
+``OsmosisError`` that keeps the built-in base Harbor's own handling expects.
 
 ``SandboxError`` (a ``RuntimeError``)
  ├── ``SandboxTimeoutError``: a command ran past its timeout
@@ -11,7 +12,7 @@ the task asks for
 
 from __future__ import annotations
 
-from osmosis_ai.errors import DeadlineError
+from osmosis_ai.errors import DeadlineError, OsmosisError
 
 __all__ = [
     "HarborFeatureUnsupportedError",
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 
-class SandboxError(RuntimeError):
+class SandboxError(OsmosisError, RuntimeError):
     """The sandbox could not be set up or used."""
 
 
@@ -41,10 +42,10 @@ class SandboxTransferTimeoutError(SandboxTimeoutError, DeadlineError):
     ``OSMOSIS_SANDBOX_TRANSFER_TIMEOUT_S``; its copy was killed."""
 
 
-class UnsupportedDockerfileError(ValueError):
+class UnsupportedDockerfileError(OsmosisError, ValueError):
     """The environment's Dockerfile uses something the sandbox cannot reproduce."""
 
 
-class HarborFeatureUnsupportedError(ValueError):
+class HarborFeatureUnsupportedError(OsmosisError, ValueError):
     """A task or trial asks for a Harbor feature the installed Harbor does not have; it is
     refused before anything runs. The message names the feature and the Harbor it needs."""

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osmosis_ai.errors import OsmosisError
 from osmosis_ai.rollout.container.files import GRADER_SPEC_NAME, GraderSpec
 
 _PACKAGE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.:-]+)?$")
 _IGNORED = shutil.ignore_patterns("__pycache__", ".DS_Store")
 
 
-class TaskSelectionError(ValueError):
+class TaskSelectionError(OsmosisError, ValueError):
     """The request names no usable task; the rollout fails with this message."""
 
 
