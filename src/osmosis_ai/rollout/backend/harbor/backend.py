@@ -1092,9 +1092,7 @@ def _with_forwarded_endpoint(kwargs: dict[str, Any], chat_url: str) -> dict[str,
 
 
 def _sdk_dir() -> Path:
-    import osmosis_ai
-
-    return Path(osmosis_ai.__file__).resolve().parent
+    return Path(__file__).resolve().parents[3]  # osmosis_ai/rollout/backend/harbor/backend.py
 
 
 def _resolve_class(value: Any, base: type[Any], what: str) -> Any:
