@@ -154,6 +154,10 @@ class CallRecorder:
         except ValueError:
             self.note(f"upstream body is not JSON: {raw[:120]!r}")
             return
+        self.completion(parsed, raw)
+
+    def completion(self, parsed: object, raw: bytes = b"") -> None:
+        """Read a ``chat.completion`` body already parsed (``raw`` for the notes)."""
         if not isinstance(parsed, dict) or not isinstance(parsed.get("choices"), list):
             self.note(f"upstream body is not a chat completion: {raw[:120]!r}")
             return

@@ -5,7 +5,8 @@
 TLS, timeout) > ``UpstreamTimeoutError`` (no progress within the model call deadline),
 ``UpstreamRequestError`` (any other error status, or not a completion);
 ``ControllerError`` > ``WeightSyncTimeoutError`` (the local policy's weights were not in
-place within the weight sync deadline)."""
+place within the weight sync deadline); ``ControllerError`` > ``DialectError`` (in
+``dialect.py``: a Responses or Messages request with no chat-completions equivalent)."""
 
 from __future__ import annotations
 

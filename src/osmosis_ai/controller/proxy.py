@@ -1,8 +1,12 @@
-"""The policy proxy: a rollout-scoped OpenAI chat-completions endpoint in front of the upstream.
+"""The policy proxy: a rollout-scoped model endpoint in front of the upstream.
 
 Agents call ``POST /v1/rollouts/<rollout_id>/chat/completions``; the proxy checks the run's
-bearer, forwards the whole body with ``model`` replaced, passes the answer through (JSON or
-SSE, chunk by chunk) and records each call. A raw ASGI app: it sits on every model call.
+key, forwards the whole body with ``model`` replaced, passes the answer through (JSON or
+SSE, chunk by chunk) and records each call. The same rollout path also serves the OpenAI
+Responses API (``…/responses``) and the Anthropic Messages API (``…/messages``, or
+``…/v1/messages`` as Anthropic clients append it): each :class:`Dialect` maps the request
+onto chat completions and the answer back, so every call is sampled and recorded the same
+way. A raw ASGI app: it sits on every model call.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, unquote
 
 from osmosis_ai.controller.asgi import dumps, error_reply, upstream_error_reply
 from osmosis_ai.controller.calls import CallRecord, CallRecorder, build_report
+from osmosis_ai.controller.dialect import Dialect, DialectError
+from osmosis_ai.controller.dialects import DIALECTS
 from osmosis_ai.controller.errors import UpstreamError
 from osmosis_ai.controller.relay import ask_usage, relay_stream
 from osmosis_ai.controller.upstream import Upstream
@@ -30,6 +36,11 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 _PREFIX = "/v1/rollouts/"
 _CHAT = "/chat/completions"
 _MODELS = "/models"
+_DIALECT_ROUTES = (  # the longer suffix first
+    ("/v1/messages", DIALECTS["messages"]),
+    ("/messages", DIALECTS["messages"]),
+    ("/responses", DIALECTS["responses"]),
+)
 
 
 @dataclass(slots=True)
@@ -40,14 +51,20 @@ class _Rollout:
     total_tokens: int = 0
 
 
+class _Route(NamedTuple):
+    rollout: _Rollout
+    dialect: Dialect | None  # None: chat completions
+
+
 class PolicyProxy:
     """Serves each registered rollout ``<base>/v1/rollouts/<id>`` in front of ``upstream``.
 
     ``token`` is the bearer agents must send (random when ``None``; read it back from
-    :attr:`token`). ``request_token_data`` asks the upstream for ``logprobs`` and
-    ``return_token_ids`` unless the caller set them. Streams get ``: keep-alive`` comments
-    after ``keepalive_interval`` seconds without upstream data. With ``stream_usage`` a
-    stream asks for its usage chunk; if the caller did not, that chunk is recorded, not sent.
+    :attr:`token`; Anthropic clients may send it as ``x-api-key``). ``request_token_data``
+    asks the upstream for ``logprobs`` and ``return_token_ids`` unless the caller set them.
+    Streams get ``: keep-alive`` comments after ``keepalive_interval`` seconds without
+    upstream data. With ``stream_usage`` a stream asks for its usage chunk; if the caller
+    did not, that chunk is recorded, not sent.
     Serve the app on the event loop the upstream is used on.
     """
 
@@ -146,11 +163,16 @@ class PolicyProxy:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The helpers return a (status, body) answer or what to go on with: no extra awaits.
-        rollout = self._route(scope)
-        if isinstance(rollout, tuple):
-            await send_body(send, *rollout)
+        route = self._route(scope)
+        if not isinstance(route, _Route):
+            await send_body(send, *route)
             return
-        body = self._request(await read_body(receive, self.max_body_bytes))
+        rollout, dialect = route
+        body = self._request(await read_body(receive, self.max_body_bytes), dialect)
+        if isinstance(body, tuple):
+            await send_body(send, *body)
+            return
+        asked, body = body, self._translate(body, dialect)
         if isinstance(body, tuple):
             await send_body(send, *body)
             return
@@ -158,7 +180,7 @@ class PolicyProxy:
         recorder = CallRecorder(rollout.rollout_id, index, stream=bool(body.get("stream")))
         try:
             if recorder.stream:
-                hide_usage = self.stream_usage and ask_usage(body)
+                hide_usage = dialect is None and self.stream_usage and ask_usage(body)
                 await relay_stream(
                     self.upstream.stream(body),
                     recorder,
@@ -166,55 +188,78 @@ class PolicyProxy:
                     send,
                     keepalive_interval=self.keepalive_interval,
                     hide_usage=hide_usage,
+                    writer=None if dialect is None else dialect.writer(asked),
                 )
             else:
-                await self._complete(body, recorder, send)
+                await self._complete(body, recorder, send, dialect, asked)
         except asyncio.CancelledError:
             recorder.fail(499, "the call was cancelled (client gone or server shutting down)")
             raise
         finally:
             self._keep(rollout, recorder.finish())
 
-    def _route(self, scope: Scope) -> _Rollout | tuple[int, bytes]:
-        """The rollout a chat call is for, or the whole answer: the model list, or a
-        refusal (unknown route, wrong bearer, bad or unknown rollout id, wrong method)."""
+    def _route(self, scope: Scope) -> _Route | tuple[int, bytes]:
+        """The rollout a model call is for and the API it speaks (``None``: chat
+        completions), or the whole answer: the model list, or a refusal (unknown route,
+        wrong key, bad or unknown rollout id, wrong method) in that API's error shape."""
         path: str = scope["path"]
         method: str = scope["method"]
         if not path.startswith(_PREFIX):
             return error_reply(404, f"no route for {method} {path}", "not_found")
-        if not self._authorized(scope["headers"]):
-            return error_reply(401, "missing or wrong bearer token for the policy proxy")
         raw: bytes | None = scope.get("raw_path")
         rest = raw.decode("latin-1").partition("?")[0] if raw else path
         rest = rest[len(_PREFIX) :]
+        dialect: Dialect | None = None
+        segment: str | None = None
+        allowed = "POST"
         if rest.endswith(_CHAT):
-            segment, allowed = rest[: -len(_CHAT)], "POST"
+            segment = rest[: -len(_CHAT)]
         elif rest.endswith(_MODELS):
             segment, allowed = rest[: -len(_MODELS)], "GET"
         else:
+            for suffix, candidate in _DIALECT_ROUTES:
+                if rest.endswith(suffix):
+                    segment, dialect = rest[: -len(suffix)], candidate
+                    break
+        if not self._authorized(scope["headers"]):
+            return _refusal(dialect, 401, "missing or wrong API key for the policy proxy")
+        if segment is None:
             return error_reply(404, f"no route for {method} {path}", "not_found")
         if not segment or "/" in segment:
-            return error_reply(422, f"rollout id in {path!r} must be one path segment")
+            return _refusal(dialect, 422, f"rollout id in {path!r} must be one path segment")
         rollout_id = unquote(segment)
         rollout = self._rollouts.get(rollout_id)
         if rollout is None:
-            return error_reply(404, f"unknown rollout {rollout_id!r}", "unknown_rollout")
+            return _refusal(dialect, 404, f"unknown rollout {rollout_id!r}", "unknown_rollout")
         if method != allowed:
-            return error_reply(405, f"method {method} not allowed here; use {allowed}")
-        return self._models if allowed == "GET" else rollout
+            return _refusal(dialect, 405, f"method {method} not allowed here; use {allowed}")
+        return self._models if allowed == "GET" else _Route(rollout, dialect)
 
-    def _request(self, raw_body: bytes | None) -> dict[str, Any] | tuple[int, bytes]:
-        """The chat request to forward, or the answer refusing it."""
+    def _request(
+        self, raw_body: bytes | None, dialect: Dialect | None
+    ) -> dict[str, Any] | tuple[int, bytes]:
+        """The request body, or the answer refusing it."""
         if raw_body is None:
-            return error_reply(413, f"request body is over {self.max_body_bytes} bytes")
+            return _refusal(dialect, 413, f"request body is over {self.max_body_bytes} bytes")
         try:
             body: object = json.loads(raw_body)
         except ValueError as exc:
-            return error_reply(400, f"request body is not valid JSON: {exc}")
+            return _refusal(dialect, 400, f"request body is not valid JSON: {exc}")
         if not isinstance(body, dict):
-            return error_reply(
-                400, f"request body must be a JSON object, not {type(body).__name__}"
+            return _refusal(
+                dialect, 400, f"request body must be a JSON object, not {type(body).__name__}"
             )
+        return body
+
+    def _translate(
+        self, body: dict[str, Any], dialect: Dialect | None
+    ) -> dict[str, Any] | tuple[int, bytes]:
+        """The chat request to forward for ``body``, or the answer refusing it."""
+        if dialect is not None:
+            try:
+                body = dialect.to_chat(body)
+            except DialectError as exc:
+                return exc.status, dialect.error_body(exc.status, exc.message)
         if self.request_token_data:
             body.setdefault("logprobs", True)
             body.setdefault("return_token_ids", True)
@@ -228,27 +273,62 @@ class PolicyProxy:
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
         for name, value in headers:
             if name == b"authorization":
-                main = hmac.compare_digest(value, self._auth)
-                also = self._also is not None and hmac.compare_digest(value, self._also)
-                return main or also
+                return self._accepts(value)
+            if name == b"x-api-key":  # how Anthropic clients send their key
+                return self._accepts(b"Bearer " + value)
         return False
 
-    async def _complete(self, body: dict[str, Any], recorder: CallRecorder, send: Send) -> None:
+    def _accepts(self, value: bytes) -> bool:
+        main = hmac.compare_digest(value, self._auth)
+        also = self._also is not None and hmac.compare_digest(value, self._also)
+        return main or also
+
+    async def _complete(
+        self,
+        body: dict[str, Any],
+        recorder: CallRecorder,
+        send: Send,
+        dialect: Dialect | None = None,
+        asked: dict[str, Any] | None = None,
+    ) -> None:
         try:
             content = await self.upstream.complete(body)
         except Exception as exc:  # a broken upstream must still answer the agent
             error = exc if isinstance(exc, UpstreamError) else _broken(self.upstream, exc)
             status, payload = upstream_error_reply(error)
             recorder.fail(status, str(error))
+            if dialect is not None:
+                payload = dialect.upstream_error(status, payload)
             await send_body(send, status, payload)
             return
-        await send_body(send, 200, content)
-        recorder.body(content)  # after sending: recording never delays the agent
+        if dialect is None:
+            await send_body(send, 200, content)
+            recorder.body(content)  # after sending: recording never delays the agent
+            return
+        try:
+            completion: Any = json.loads(content)
+            answer = dialect.from_chat(asked or {}, completion)
+        except (ValueError, TypeError, AttributeError, DialectError) as exc:
+            message = f"model upstream {self.upstream.target} answered no chat completion: {exc}"
+            recorder.fail(502, message)
+            await send_body(send, 502, dialect.error_body(502, message))
+            return
+        await send_body(send, 200, dumps(answer))
+        recorder.completion(completion, content)
 
 
 def _broken(upstream: Upstream, exc: Exception) -> UpstreamError:
     message = f"model upstream {upstream.target} failed: {type(exc).__name__}: {exc}"
     return UpstreamError(message, url=upstream.target)
+
+
+def _refusal(
+    dialect: Dialect | None, status: int, message: str, code: str | None = None
+) -> tuple[int, bytes]:
+    """An answer the proxy gives on its own, in the error shape of the caller's API."""
+    if dialect is None:
+        return error_reply(status, message, code)
+    return status, dialect.error_body(status, message, code)
 
 
 def _by_index(record: CallRecord) -> int:

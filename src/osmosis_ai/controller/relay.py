@@ -16,6 +16,7 @@ from typing import Any
 
 from osmosis_ai.controller.asgi import upstream_error_reply
 from osmosis_ai.controller.calls import CallRecorder
+from osmosis_ai.controller.dialect import StreamWriter, error_message
 from osmosis_ai.controller.errors import UpstreamError
 from osmosis_ai.rollout.asgi import SSE_HEADERS, Receive, Send, send_body
 
@@ -37,9 +38,11 @@ async def relay_stream(
     *,
     keepalive_interval: float,
     hide_usage: bool,
+    writer: StreamWriter | None = None,
 ) -> None:
     """Answer one streaming call from ``payloads``. An error before anything was sent keeps
-    its HTTP status; ``hide_usage`` drops the usage-only chunk the caller did not ask for."""
+    its HTTP status; ``hide_usage`` drops the usage-only chunk the caller did not ask for.
+    A ``writer`` rewrites the chat chunks as another API's events (and its errors)."""
     inbox = _Inbox()
     pump = _Pump(inbox, keepalive_interval)
     reader = asyncio.create_task(pump.read(payloads))
@@ -49,7 +52,7 @@ async def relay_stream(
     try:
         while True:
             out: list[bytes] = []
-            last = _collect(await inbox.take(), out, received, recorder, hide_usage)
+            last = _collect(await inbox.take(), out, received, recorder, hide_usage, writer=writer)
             if last is _DISCONNECT:
                 recorder.fail(499, "the client disconnected before the stream ended")
                 return
@@ -58,9 +61,14 @@ async def relay_stream(
                 status, payload = upstream_error_reply(last)
                 recorder.fail(status, str(last))
                 if not started and not out:
+                    if writer is not None:
+                        payload = writer.refusal(status, payload)
                     await send_body(send, status, payload)
                     return
-                out.append(b"event: error\ndata: " + payload + b"\n\n" + _DONE)
+                if writer is None:
+                    out.append(b"event: error\ndata: " + payload + b"\n\n" + _DONE)
+                else:
+                    out.append(writer.error(status, error_message(payload)))
                 finished = True
             if not started and (out or last is _OPEN):
                 started = True
@@ -86,9 +94,12 @@ def _collect(
     received: list[bytes],
     recorder: CallRecorder,
     hide_usage: bool,
+    *,
+    writer: StreamWriter | None,
 ) -> object:
-    """Append to ``out`` the SSE bytes for ``items`` and to ``received`` their payloads, up to
-    what ends the stream (``[DONE]`` is written here). Returns that end (``_END``,
+    """Append to ``out`` the SSE bytes for ``items`` (``writer``'s events when given) and to
+    ``received`` their payloads, up to what ends the stream (``[DONE]`` or ``writer``'s
+    closing events are written here). Returns that end (``_END``,
     ``_DISCONNECT`` or an :class:`UpstreamError`), else ``_OPEN`` if the upstream accepted
     the call, else ``None``."""
     opened = None
@@ -97,18 +108,31 @@ def _collect(
             if not received:
                 recorder.arrived()
             received.append(item)
-            if not (hide_usage and _usage_only(item)):
+            if writer is not None:
+                _rewrite(item, out, writer)
+            elif not (hide_usage and _usage_only(item)):
                 out.append(b"data: " + item + b"\n\n")
         elif item is _OPEN:
             opened = _OPEN
         elif item is _TICK:
             out.append(_KEEPALIVE)
         elif item is _END:
-            out.append(_DONE)
+            out.append(_DONE if writer is None else writer.end())
             return _END
         elif item is _DISCONNECT or isinstance(item, UpstreamError):
             return item
     return opened
+
+
+def _rewrite(payload: bytes, out: list[bytes], writer: StreamWriter) -> None:
+    try:
+        chunk: object = json.loads(payload)
+    except ValueError:
+        return  # the recorder notes it
+    if isinstance(chunk, dict) and "error" not in chunk:
+        events = writer.feed(chunk)
+        if events:
+            out.append(events)
 
 
 def ask_usage(body: dict[str, Any]) -> bool:

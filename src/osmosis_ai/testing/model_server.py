@@ -1,5 +1,8 @@
-"""A scripted OpenAI-compatible chat-completions server: a real HTTP fake for tests and benches.
+"""A scripted model server: a real HTTP fake for tests and benches.
 
+It speaks OpenAI chat completions, and through the policy endpoint's dialects the OpenAI
+Responses API (``<prefix>/responses``) and the Anthropic Messages API
+(``<prefix>/messages``), so agents that speak only those can be tested against it.
 Owns :class:`ScriptedModelServer` (a raw ASGI app), routing, auth, request recording and a
 CLI; the turns of a script are in :mod:`osmosis_ai.testing.turns`, and
 :mod:`osmosis_ai.testing.scripted_reply` renders each reply.
@@ -22,6 +25,8 @@ from types import FrameType, TracebackType
 from typing import Any, Literal, cast
 
 from osmosis_ai.controller.asgi import dumps, error_body
+from osmosis_ai.controller.dialect import Dialect, DialectError
+from osmosis_ai.controller.dialects import DIALECTS
 from osmosis_ai.errors import OsmosisError, UsageError
 from osmosis_ai.rollout.asgi import (
     SSE_HEADERS,
@@ -53,6 +58,7 @@ OnExhausted = Literal["repeat_last", "error"]
 
 _CHAT_SUFFIX = "/chat/completions"
 _MODELS_SUFFIX = "/models"
+_DIALECT_SUFFIXES = {f"/{name}": dialect for name, dialect in DIALECTS.items()}
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -67,7 +73,8 @@ class ChatRequest:
     """What a responder or key callable sees of one chat-completions request.
 
     ``path_prefix`` is the path before ``/chat/completions`` (``/v1``, ``/v1/rollouts/r1``);
-    ``turn`` is the number of assistant messages already in ``messages``.
+    ``turn`` is the number of assistant messages already in ``messages``. A Responses or
+    Messages request is seen as the chat-completions request it maps onto.
     """
 
     path_prefix: str
@@ -79,7 +86,8 @@ class ChatRequest:
 
 @dataclass(frozen=True, slots=True)
 class RecordedRequest:
-    """A chat-completions request kept when ``record_requests=True``."""
+    """A model request kept when ``record_requests=True``: the body as the client sent it
+    (chat completions, Responses or Messages, as ``path`` says)."""
 
     path: str
     headers: dict[str, str]
@@ -113,7 +121,8 @@ def default_key(request: ChatRequest) -> str:
 
 
 class ScriptedModelServer:
-    """An OpenAI-compatible chat-completions endpoint that answers from a script.
+    """A model endpoint that answers from a script: chat completions, and the Responses
+    (``<prefix>/responses``) and Messages (``<prefix>/messages``) APIs mapped onto it.
 
     Give at most one of ``script`` (the same turns for every conversation, indexed by the
     number of assistant messages in the request), ``scripts`` (turns per conversation key,
@@ -121,7 +130,7 @@ class ScriptedModelServer:
     last user message. Serve it with ``with`` (a thread) or ``async with`` (a task); the
     instance itself is the ASGI app, also reachable as ``.app``.
 
-    ``request_count`` counts chat-completions requests, rejected ones included;
+    ``request_count`` counts model requests, rejected ones included;
     ``requests`` keeps the well-formed ones when ``record_requests=True``. ``models`` are the
     ids ``GET <prefix>/models`` lists; replies always echo the requested ``model``.
     """
@@ -158,6 +167,7 @@ class ScriptedModelServer:
         self._on_exhausted = on_exhausted
         self._latency_s = latency_ms / 1000.0
         self._auth = f"Bearer {api_key}".encode("latin-1") if api_key is not None else None
+        self._api_key = api_key.encode("latin-1") if api_key is not None else None
         self._record = record_requests
         self._models = dumps(
             {
@@ -238,17 +248,19 @@ class ScriptedModelServer:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        suffix = path[path.rfind("/") :]
+        dialect = _DIALECT_SUFFIXES.get(suffix)
         try:
             if path == "/health":
                 await send_body(send, 200, b'{"status":"ok"}')
-            elif path.endswith(_CHAT_SUFFIX):
+            elif path.endswith(_CHAT_SUFFIX) or dialect is not None:
                 self.request_count += 1
                 _allow(method, "POST")
                 self._check_auth(scope)
                 raw = await read_body(receive)
                 if raw is None:
                     return  # the client hung up: nobody to answer
-                await self._chat(scope, path, raw, send)
+                await self._chat(scope, path, raw, send, dialect)
             elif path.endswith(_MODELS_SUFFIX):
                 _allow(method, "GET")
                 self._check_auth(scope)
@@ -256,40 +268,60 @@ class ScriptedModelServer:
             else:
                 raise _HTTPError(404, f"no route for {method} {path}", "not_found")
         except _HTTPError as err:
-            await send_body(send, err.status, _error_body(err.status, err.message, err.code))
+            payload = (
+                _error_body(err.status, err.message, err.code)
+                if dialect is None
+                else dialect.error_body(err.status, err.message, err.code)
+            )
+            await send_body(send, err.status, payload)
 
     def _check_auth(self, scope: Scope) -> None:
         if self._auth is None:
             return
         for name, value in scope["headers"]:
-            if name == b"authorization" and value == self._auth:
+            if (name == b"authorization" and value == self._auth) or (
+                name == b"x-api-key" and value == self._api_key
+            ):
                 return
         raise _HTTPError(
-            401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key"
+            401,
+            "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+            "invalid_api_key",
         )
 
-    async def _chat(self, scope: Scope, path: str, raw: bytes, send: Send) -> None:
-        body = _parse_body(raw)
-        messages: list[dict[str, Any]] = body["messages"]
+    async def _chat(
+        self, scope: Scope, path: str, raw: bytes, send: Send, dialect: Dialect | None
+    ) -> None:
+        asked = _parse_object(raw)
+        body = asked if dialect is None else _to_chat(dialect, asked)
+        messages = _messages_of(body)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if self._record:
-            self.requests.append(RecordedRequest(path, headers, body))
+            self.requests.append(RecordedRequest(path, headers, asked))
         turn = sum(1 for m in messages if m.get("role") == "assistant")
-        request = ChatRequest(path[: -len(_CHAT_SUFFIX)], body, messages, headers, turn)
+        prefix = path[: path.rfind("/")] if dialect is not None else path[: -len(_CHAT_SUFFIX)]
+        request = ChatRequest(prefix, body, messages, headers, turn)
         reply = await self._reply(request)
         latency = reply.latency_ms / 1000.0 if reply.latency_ms is not None else self._latency_s
         if latency > 0:
             await asyncio.sleep(latency)
         if reply.status_code >= 400:
             message = reply.error or f"scripted error (HTTP {reply.status_code})"
-            await send_body(send, reply.status_code, _error_body(reply.status_code, message))
-            return
-        completion = ScriptedReply(body, messages, reply, _choice_count(body))
+            raise _HTTPError(reply.status_code, message)
+        n = _choice_count(body) if dialect is None else 1
+        completion = ScriptedReply(body, messages, reply, n)
         if body.get("stream"):
+            if dialect is None:
+                events = completion.sse()
+            else:
+                writer = dialect.writer(asked)
+                events = b"".join(writer.feed(c) for c in completion.chunks()) + writer.end()
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            await send({"type": "http.response.body", "body": completion.sse()})
-        else:
+            await send({"type": "http.response.body", "body": events})
+        elif dialect is None:
             await send_body(send, reply.status_code, dumps(completion.full()))
+        else:
+            await send_body(send, 200, dumps(dialect.from_chat(asked, completion.full())))
 
     async def _reply(self, request: ChatRequest) -> ScriptedTurn:
         if self._responder is not None:
@@ -359,17 +391,28 @@ def _last_user_text(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _parse_body(raw: bytes) -> dict[str, Any]:
+def _parse_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError as exc:
         raise _HTTPError(400, f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise _HTTPError(400, f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _to_chat(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return dialect.to_chat(body)
+    except DialectError as exc:
+        raise _HTTPError(exc.status, exc.message) from exc
+
+
+def _messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise _HTTPError(400, "'messages' is required and must be a list of message objects")
-    return body
+    return messages
 
 
 def _choice_count(body: dict[str, Any]) -> int:

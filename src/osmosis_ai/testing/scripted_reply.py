@@ -1,4 +1,5 @@
-"""Renders one scripted reply as a ``chat.completion`` body or as SSE chunks.
+"""Renders one scripted reply as a ``chat.completion`` body or as SSE chunks (which a
+:class:`~osmosis_ai.controller.dialect.Dialect` rewrites for the other APIs).
 
 Owns :class:`ScriptedReply` and the fake tokenisation behind it (one token per UTF-8 byte,
 deterministic logprobs); :mod:`osmosis_ai.testing.model_server` decides what to reply.
@@ -100,6 +101,12 @@ class ScriptedReply:
         return body
 
     def sse(self) -> bytes:
+        """The SSE body: each of :meth:`chunks`, then ``[DONE]``."""
+        return b"".join(b"data: " + dumps(c) + b"\n\n" for c in self.chunks()) + b"data: [DONE]\n\n"
+
+    def chunks(self) -> list[dict[str, Any]]:
+        """The ``chat.completion.chunk`` payloads of the streamed reply, usage included when
+        the request asked for it."""
         head = {
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -111,7 +118,7 @@ class ScriptedReply:
             chunks[0]["prompt_token_ids"] = list(self.prompt)
         if self.include_usage:
             chunks.append({**head, "choices": [], "usage": self.usage})
-        return b"".join(b"data: " + dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        return chunks
 
     def _choice_chunks(self, index: int) -> list[dict[str, Any]]:
         def chunk(delta: dict[str, Any], data: bytes = b"") -> dict[str, Any]:
