@@ -132,7 +132,7 @@ def test_two_trainer_workers_raise_the_reward_as_one_process_does(
     assert (ray.run_dir / "checkpoints" / "step-000040" / "config.json").is_file()
     log = (ray.run_dir / "logs.txt").read_text()
     assert "trainer worker 0 of 2 started" in log and "trainer worker 1 of 2 started" in log
-    nodes = set(re.findall(r'trainer worker \d of 2 started .*"node": "([\d.]+)"', log))
+    nodes = set(re.findall(r'trainer worker \d of 2 started .*"node":"([\d.]+)"', log))
     assert nodes <= {"127.0.0.2", "127.0.0.3"}, nodes  # cluster traffic stays on loopback
 
 
@@ -147,7 +147,7 @@ def test_a_killed_trainer_worker_restarts_the_run_from_its_checkpoint(
         if killed or not isinstance(event, StepEvent) or event.step != 3:
             return
         found = re.findall(
-            r'trainer worker 1 of 2 started .*"pid": (\d+)', (run_dir / "logs.txt").read_text()
+            r'trainer worker 1 of 2 started .*"pid":(\d+)', (run_dir / "logs.txt").read_text()
         )
         killed.append(int(found[-1]))
         os.kill(killed[-1], signal.SIGKILL)

@@ -55,7 +55,7 @@ def test_a_stopped_trainer_worker_ends_the_run_with_trainer_step_stalled(
         if stopped or not isinstance(event, StepEvent) or event.step != 2:
             return
         found = re.findall(
-            r'trainer worker 1 of 2 started .*"pid": (\d+)', (run_dir / "logs.txt").read_text()
+            r'trainer worker 1 of 2 started .*"pid":(\d+)', (run_dir / "logs.txt").read_text()
         )
         os.kill(int(found[-1]), signal.SIGSTOP)
         stopped.append((int(found[-1]), time.monotonic()))

@@ -15,6 +15,7 @@ from typing import Any
 
 from osmosis_ai.platform import training_metrics
 from osmosis_ai.platform.client import PlatformClient, segment
+from osmosis_ai.rundir.timestamps import iso_utc
 
 TRAINING_RUN_KEYS = (
     "id",
@@ -72,8 +73,7 @@ def checkpoints(client: PlatformClient, name: str) -> list[dict[str, object]]:
 
 def _iso(value: object) -> object:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        moment = datetime.fromtimestamp(value / 1000, UTC)
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+        return iso_utc(datetime.fromtimestamp(value / 1000, UTC))
     return value
 
 

@@ -136,6 +136,10 @@ class RunLog(HeldFile):
         """``text`` with every secret of this log's redactor replaced by ``[REDACTED]``."""
         return self.redactor.redact(text)
 
+    def add_secrets(self, *values: str) -> None:
+        """Redact these values too, from the next line on."""
+        self.redactor.add(*values)
+
     def output(self, step: str, text: str, *, level: LogLevel = "INFO") -> None:
         """Log a child process's output, one line per non-blank line, redacted.
 

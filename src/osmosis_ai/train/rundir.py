@@ -4,6 +4,7 @@
 ``metrics.jsonl`` (one fsynced line per step), ``logs.txt`` (secrets redacted),
 ``checkpoints/step-NNNNNN/`` (Hugging Face format), ``warmup/`` (the model after the
 supervised warm-up), ``resume/`` (the trainer's resumable state), ``rollouts/`` (artifacts).
+Files are written through ``rundir/``: whole or not at all, fsynced, owner-only.
 """
 
 from __future__ import annotations
@@ -14,38 +15,20 @@ import os
 import re
 import shutil
 import tempfile
-import threading
-from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from osmosis_ai.errors import UsageError
+from osmosis_ai.rundir.durable import atomic_write_bytes, fsync_dir, open_owner_only, write_all
+from osmosis_ai.rundir.durable import atomic_write_json as write_json
+from osmosis_ai.rundir.logs import Redactor, RunLog
+from osmosis_ai.rundir.timestamps import iso_utc as iso_now
 from osmosis_ai.train.plan import RUN_FILE, TrainPlan
 
-REDACTED = "[REDACTED]"
 SERVER_FILE = "rollout-server.json"
+LOGS_FILE = "logs.txt"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def iso_now() -> str:
-    now = datetime.now(UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-
-
-def write_json(path: Path, value: object) -> None:
-    """Write ``value`` as indented JSON atomically (temp file, fsync, rename)."""
-    data = json.dumps(value, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def finite(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,56 +50,8 @@ def save_atomically(target: Path, save: Callable[[Path], None]) -> Path:
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
+    fsync_dir(target.parent)
     return target
-
-
-class RunLog:
-    """``logs.txt``: ``<ISO> <LEVEL> [<stage>] <message> <JSON details>``, with every
-    registered secret replaced by ``[REDACTED]``; safe to share between threads."""
-
-    def __init__(self, path: Path, secrets: Iterable[str] = ()) -> None:
-        self.path = path
-        self._secrets: list[str] = []
-        self._lock = threading.Lock()
-        self._handle = path.open("a", encoding="utf-8")
-        self.add_secrets(*secrets)
-
-    def add_secrets(self, *values: str) -> None:
-        with self._lock:
-            merged = {*self._secrets, *(v for v in values if v)}
-            self._secrets = sorted(merged, key=lambda v: (-len(v), v))
-
-    def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, REDACTED)
-        return text
-
-    def write(self, level: str, stage: str, message: str, details: Mapping[str, object]) -> None:
-        extra = json.dumps(dict(details), sort_keys=True, default=str, ensure_ascii=False)
-        line = self.redact(f"{message} {extra}" if details else message)
-        line = line.replace("\r", "\\r").replace("\n", "\\n")
-        with self._lock:
-            if not self._handle.closed:
-                self._handle.write(f"{iso_now()} {level} [{stage}] {line}\n")
-                self._handle.flush()
-
-    def info(self, stage: str, message: str, **details: object) -> None:
-        self.write("INFO", stage, message, details)
-
-    def warning(self, stage: str, message: str, **details: object) -> None:
-        self.write("WARNING", stage, message, details)
-
-    def error(self, stage: str, message: str, **details: object) -> None:
-        self.write("ERROR", stage, message, details)
-
-    def output(self, stage: str, text: str) -> None:
-        for line in text.splitlines():
-            if line.strip():
-                self.write("INFO", stage, line, {})
-
-    def close(self) -> None:
-        with self._lock:
-            self._handle.close()
 
 
 class RunDir:
@@ -130,9 +65,9 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         for folder in (self.checkpoints, self.rollouts):
             folder.mkdir(exist_ok=True)
-        self.journal = RunLog(self.path / "logs.txt", plan.secrets.values())
+        self.journal = _run_log(self.path, plan)
         self.manifest: dict[str, Any] = self._manifest()
-        shutil.copyfile(plan.config.path, self.path / "config.toml")
+        atomic_write_bytes(self.path / "config.toml", plan.config.path.read_bytes())
         write_json(self.path / "inputs.json", self._inputs())
         self.set_status("running")
 
@@ -152,7 +87,7 @@ class RunDir:
         worker on a cluster): its paths and journal; the manifest stays the driver's."""
         attached = cls.__new__(cls)
         attached._paths(plan)
-        attached.journal = RunLog(attached.path / "logs.txt", plan.secrets.values())
+        attached.journal = _run_log(attached.path, plan)
         attached.manifest = {}
         return attached
 
@@ -241,16 +176,17 @@ class RunDir:
         """Drop records after ``step`` (steps a killed invocation did not checkpoint)."""
         kept = [r for r in self.read_metrics() if int(r.get("step", 0)) <= step]
         text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept)
-        temp = self.metrics_path.with_suffix(".tmp")
-        temp.write_text(text, encoding="utf-8")
-        os.replace(temp, self.metrics_path)
+        atomic_write_bytes(self.metrics_path, text.encode("utf-8"))
         return kept
 
     def append_metrics(self, record: Mapping[str, Any]) -> None:
-        with self.metrics_path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(finite(record), allow_nan=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        line = json.dumps(finite(record), allow_nan=False) + "\n"
+        fd = open_owner_only(self.metrics_path, os.O_WRONLY | os.O_APPEND)
+        try:
+            write_all(fd, line.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -303,3 +239,8 @@ class RunDir:
 
     def close(self) -> None:
         self.journal.close()
+
+
+def _run_log(folder: Path, plan: TrainPlan) -> RunLog:
+    """The run's ``logs.txt``, redacting the plan's secret values."""
+    return RunLog(folder / LOGS_FILE, Redactor(plan.secrets.values()))

@@ -9,22 +9,11 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from osmosis_ai.errors import ConfigError, UsageError
+from osmosis_ai.errors import UsageError
+from osmosis_ai.rundir.datasets import DatasetError
 
 _RANGE = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
-
-
-class DatasetError(ConfigError):
-    """A dataset file or one of its rows cannot be used; the message names the row."""
-
-    def __init__(
-        self, message: str, *, path: Path | None = None, row_index: int | None = None
-    ) -> None:
-        self.path = path
-        self.row_index = row_index
-        super().__init__(f"{path}: {message}" if path is not None else message)
 
 
 class RowSelectionError(UsageError):

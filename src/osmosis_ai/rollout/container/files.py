@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from osmosis_ai.rundir.durable import atomic_write_bytes
 
 VERSION = 1
 AGENT_DIR = PurePosixPath("/logs/agent")
@@ -87,13 +88,6 @@ def env_dir(name: str, default: PurePosixPath) -> Path:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` as JSON to ``path``, whole or not at all (the run-directory policy of
+    :func:`~osmosis_ai.rundir.durable.atomic_write_bytes`)."""
+    atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
