@@ -431,7 +431,7 @@ def platform(tmp_path: Path) -> Generator[Any]:
 async def test_a_platform_run_process_that_stops_is_killed_and_its_run_fails_run_stalled(
     platform: Any, monkeypatch: pytest.MonkeyPatch
 ):
-    from osmosis_ai.platform.worker.processes import wait_group_gone
+    from osmosis_ai.procs import wait_group_gone
     from platform_support import Harness
 
     deadline = 3.0

@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from osmosis_ai.platform.objects import ObjectStore
-from osmosis_ai.platform.worker.processes import group_alive
+from osmosis_ai.procs import group_alive
 from osmosis_ai.testing.model_server import ChatRequest, ScriptedModelServer, ScriptedTurn
 from osmosis_ai.testing.scripted_reply import content_text
 from osmosis_ai.workspace.templates import apply_template

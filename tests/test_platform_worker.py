@@ -29,8 +29,8 @@ from osmosis_ai.platform.settings import load_settings
 from osmosis_ai.platform.store.database import Database, open_database
 from osmosis_ai.platform.store.orm import Run, RunLog, RunMetric, Worker, Workspace, utcnow
 from osmosis_ai.platform.worker.checkout import checkout_run
-from osmosis_ai.platform.worker.processes import wait_group_gone
 from osmosis_ai.platform.worker.report import RunReporter
+from osmosis_ai.procs import wait_group_gone
 from platform_support import git, write_files
 
 TESTS = Path(__file__).resolve().parent

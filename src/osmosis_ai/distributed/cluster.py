@@ -20,7 +20,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from osmosis_ai.errors import MissingExtraError, OsmosisError, UsageError
+from osmosis_ai.procs import free_port, stop_process
 
 __all__ = [
     "LOCAL",
@@ -234,12 +234,6 @@ def _bindable(host: str) -> bool:
     return True
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def _ray_command() -> list[str]:
     """``ray`` of this interpreter's environment (the nodes run this Python)."""
     beside = Path(sys.executable).with_name("ray")
@@ -306,7 +300,7 @@ class LocalCluster:
             # Short: Ray's unix socket paths live under it and are limited to 107 bytes.
             self.temp_dir = Path(tempfile.mkdtemp(prefix="osmray-", dir="/tmp"))
             self._owned_temp = True
-        self._port = _free_port(self.head_ip)
+        self._port = free_port(self.head_ip)
         try:
             self._spawn(self.head_ip, head=True)
             self._await_head()
@@ -423,7 +417,7 @@ class LocalCluster:
 
     def stop_node(self, index: int, *, grace_sec: float = _STOP_GRACE_SEC) -> None:
         """Stop node ``index`` (its whole process group): SIGTERM, SIGKILL after the grace."""
-        _stop_group(self._procs[index], grace_sec)
+        stop_process(self._procs[index], grace_sec)
 
     def stop(self) -> None:
         """Stop the workers, then the head (only this cluster's processes), and drop its
@@ -433,7 +427,7 @@ class LocalCluster:
         # that timeout (30 s) once its GCS is down, so it gets a short grace: the cluster
         # ends with it, and nothing of its state is kept.
         for index in reversed(range(len(self._procs))):
-            _stop_group(self._procs[index], _STOP_GRACE_SEC if index else _HEAD_GRACE_SEC)
+            stop_process(self._procs[index], _STOP_GRACE_SEC if index else _HEAD_GRACE_SEC)
         self._procs.clear()
         if self._owned_temp and self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
@@ -450,17 +444,3 @@ class LocalCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _stop_group(proc: subprocess.Popen[bytes], grace_sec: float) -> None:
-    """SIGTERM ``proc``'s process group (Ray drains the node), SIGKILL what is left."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_sec)
-    # The node's daemons and workers are in its group even once `ray start` has exited.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5.0)

@@ -27,8 +27,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,6 +42,7 @@ from osmosis_ai.platform.services.models import PlatformModelNotFoundError, get_
 from osmosis_ai.platform.settings import PlatformSettings
 from osmosis_ai.platform.store.database import Database
 from osmosis_ai.platform.store.orm import Model
+from osmosis_ai.procs import free_port, stop_process_async
 
 Engine = Literal["local", "vllm"]
 ENGINE_ENV = "OSMOSIS_PLATFORM_SERVING_ENGINE"  # auto (default) | local | vllm
@@ -403,7 +402,7 @@ class DeploymentManager:
     async def _start_vllm(
         self, spec: DeploymentSpec, checkpoint: Path, base: Path | None, adapter: bool, log: object
     ) -> ModelServer:
-        port = _free_port()
+        port = free_port()
         argv = [
             sys.executable,
             "-m",
@@ -476,21 +475,11 @@ class DeploymentManager:
 
 
 async def _terminate(process: asyncio.subprocess.Process, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the server's process group, SIGKILL it after ``grace_s``; waits for the exit."""
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGTERM)
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), grace_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-    else:  # its group may still hold children of its own
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
+    """Stop the server: its stdin closed (how the policy server learns its platform is gone)
+    and its process group stopped (:func:`~osmosis_ai.procs.stop_process_async`)."""
+    if process.stdin is not None:
+        process.stdin.close()
+    await stop_process_async(process, grace_s)
 
 
 async def _drain(stream: asyncio.StreamReader | None) -> None:
@@ -509,9 +498,3 @@ async def _wait_ready(process: asyncio.subprocess.Process, url: str) -> None:
                 if (await client.get(f"{url}/models")).status_code == 200:
                     return
             await asyncio.sleep(1.0)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

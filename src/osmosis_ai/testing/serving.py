@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import AsyncGenerator
@@ -16,15 +15,9 @@ from types import TracebackType
 from typing import Any
 
 from osmosis_ai.errors import MissingExtraError
+from osmosis_ai.procs import LOOPBACK, free_port
 
-LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+__all__ = ["LOOPBACK", "ServerThread", "free_port", "serve_in_task"]
 
 
 def _uvicorn() -> Any:

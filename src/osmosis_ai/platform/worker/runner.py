@@ -81,7 +81,7 @@ from osmosis_ai.platform.worker.execute import (
     RunSpec,
     work_dir_of,
 )
-from osmosis_ai.platform.worker.processes import kill_tree, signal_tree
+from osmosis_ai.procs import kill_tree, signal_tree
 from osmosis_ai.rundir.logs import Redactor
 
 logger = logging.getLogger("osmosis_ai.platform.worker")
