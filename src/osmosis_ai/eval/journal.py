@@ -59,18 +59,29 @@ def _torn_warning(path: Path, size: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class JournalRecord:
-    """The terminal outcome of one attempt at one work item."""
+class AttemptRecord:
+    """What every record of one finished attempt holds: its work item, its rollout id and
+    how it ended (the journal's line, and the index entry of the attempt a run selected)."""
 
     row_index: int
     run_index: int
     rollout_id: str
     status: JournalStatus
     duration_ms: int
-    source_row_index: int | None = None
     reward: float | None = None
     tokens: int | None = None
     error_type: str | None = None
+
+    @property
+    def key(self) -> WorkKey:
+        return (self.row_index, self.run_index)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecord(AttemptRecord):
+    """The terminal outcome of one attempt at one work item."""
+
+    source_row_index: int | None = None
 
     def __post_init__(self) -> None:
         _check_count("row_index", self.row_index)
@@ -88,10 +99,6 @@ class JournalRecord:
             raise UsageError(str(exc)) from None
         _check_reward(self.reward)
         _check_text("error_type", self.error_type)
-
-    @property
-    def key(self) -> WorkKey:
-        return (self.row_index, self.run_index)
 
     def to_json(self) -> dict[str, JsonValue]:
         """The record as written to the journal: ``None`` fields are left out."""

@@ -10,7 +10,7 @@ import math
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from pydantic import JsonValue
@@ -42,13 +42,7 @@ class RewardStats:
     max: float
 
     def to_json(self) -> dict[str, JsonValue]:
-        return {
-            "mean": self.mean,
-            "median": self.median,
-            "std": self.std,
-            "min": self.min,
-            "max": self.max,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from osmosis_ai.eval.journal import JournalRecord, JournalState, JournalStatus, WorkKey
+from osmosis_ai.eval.journal import AttemptRecord, JournalRecord, JournalState, WorkKey
 from osmosis_ai.eval.metrics import EvalMetrics, aggregate_metrics
 from osmosis_ai.eval.rundir import TRIALS_DIR
 from osmosis_ai.rundir.durable import (
@@ -51,18 +51,10 @@ def projection_stem(row_index: int, run_index: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class IndexEntry:
+class IndexEntry(AttemptRecord):
     """One line of ``index.jsonl``: the selected attempt of one work item."""
 
-    row_index: int
-    run_index: int
-    rollout_id: str
-    status: JournalStatus
-    duration_ms: int
     trajectory_filename: str | None = None
-    reward: float | None = None
-    tokens: int | None = None
-    error_type: str | None = None
     resumed: bool = False
     """The attempt was recorded by an earlier invocation of this run."""
 
