@@ -1,0 +1,415 @@
+"""The policy endpoint's Responses and Messages APIs, over real HTTP on 127.0.0.1: the
+real openai and anthropic clients, the real proxy, the scripted model upstream."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from osmosis_ai.controller import CallRecord, OpenAICompatibleUpstream, PolicyProxy
+from osmosis_ai.testing.model_server import ScriptedModelServer, ScriptedTurn, ToolCall
+from osmosis_ai.testing.serving import serve_in_task
+
+POLICY = "policy-model"
+ADD_TOOL_RESPONSES = {
+    "type": "function",
+    "name": "add",
+    "description": "Add two numbers",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    },
+}
+ADD_TOOL_MESSAGES = {
+    "name": "add",
+    "description": "Add two numbers",
+    "input_schema": ADD_TOOL_RESPONSES["parameters"],
+}
+ADD_SCRIPT = [
+    ScriptedTurn(tool_calls=[ToolCall("add", {"a": 2, "b": 3}, id="call_add")]),
+    "The sum is 5.",
+]
+
+
+@dataclass
+class Rig:
+    model: ScriptedModelServer
+    proxy: PolicyProxy
+    origin: str
+
+    def base(self, rollout: str = "r1") -> str:
+        return self.proxy.chat_base_url(rollout, self.origin)
+
+    def openai(self, rollout: str = "r1", key: str | None = None) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.base(rollout), api_key=key or self.proxy.token, max_retries=0
+        )
+
+    def anthropic(self, rollout: str = "r1", key: str | None = None) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(
+            base_url=self.base(rollout), api_key=key or self.proxy.token, max_retries=0
+        )
+
+    def upstream_body(self, index: int = -1) -> dict[str, Any]:
+        """The chat-completions body the scripted upstream received."""
+        return self.model.requests[index].body
+
+    def call(self, index: int, rollout: str = "r1") -> CallRecord:
+        return self.proxy.calls(rollout)[index]
+
+
+@contextlib.asynccontextmanager
+async def rig(model: ScriptedModelServer, *rollouts: str) -> AsyncIterator[Rig]:
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(model)
+        upstream = OpenAICompatibleUpstream(model.base_url, None, POLICY, timeout=20)
+        stack.push_async_callback(upstream.aclose)
+        proxy = PolicyProxy(upstream, request_token_data=True)
+        for rollout in rollouts or ("r1",):
+            proxy.register(rollout)
+        origin = await stack.enter_async_context(serve_in_task(proxy, access_log=False))
+        yield Rig(model, proxy, origin)
+
+
+def scripted(*turns: ScriptedTurn | str, **options: Any) -> ScriptedModelServer:
+    return ScriptedModelServer(list(turns), record_requests=True, **options)
+
+
+def assert_tokens(record: CallRecord, text: str) -> None:
+    """The record holds the scripted model's fake tokens (one per UTF-8 byte)."""
+    assert record.ok, record.error
+    assert record.prompt_token_ids and record.completion_token_ids is not None
+    assert bytes(record.completion_token_ids).decode().startswith(text)
+    assert record.logprobs is not None
+    assert len(record.logprobs) == len(record.completion_token_ids)
+
+
+# -- the Responses API -------------------------------------------------------------------
+
+
+async def test_responses_text_maps_onto_chat_and_records_the_same_tokens_as_chat():
+    async with rig(scripted("Hello there.", on_exhausted="repeat_last"), "r1", "r2") as r:
+        answer = await r.openai().responses.create(
+            model="any",
+            instructions="Be brief.",
+            input="Say hello.",
+            max_output_tokens=64,
+            temperature=0.25,
+            top_p=0.5,
+        )
+        assert answer.output_text == "Hello there."
+        assert answer.status == "completed" and answer.object == "response"
+        assert answer.output[0].type == "message"
+        assert answer.usage is not None and answer.usage.output_tokens == len("Hello there.")
+        sent = r.upstream_body()
+        assert sent["messages"] == [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say hello."},
+        ]
+        assert (sent["max_tokens"], sent["temperature"], sent["top_p"]) == (64, 0.25, 0.5)
+        assert sent["model"] == POLICY and sent["logprobs"] and sent["return_token_ids"]
+        # the same conversation through chat completions records the same tokens
+        chat = await r.openai("r2").chat.completions.create(
+            model="any",
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Say hello."},
+            ],
+            max_tokens=64,
+        )
+        assert chat.choices[0].message.content == "Hello there."
+        via_responses, via_chat = r.call(0), r.call(0, "r2")
+        assert_tokens(via_responses, "Hello there.")
+        assert via_responses.prompt_token_ids == via_chat.prompt_token_ids
+        assert via_responses.completion_token_ids == via_chat.completion_token_ids
+        assert via_responses.logprobs == via_chat.logprobs
+        report = r.proxy.trajectory_report("r1").samples["r1"].llm_call_metrics
+        assert report[0].completion_token_ids == via_responses.completion_token_ids
+
+
+async def test_responses_tool_call_round_trip_with_function_call_items():
+    async with rig(scripted(*ADD_SCRIPT)) as r:
+        client = r.openai()
+        first = await client.responses.create(
+            model="any", input="What is 2 + 3?", tools=[ADD_TOOL_RESPONSES], tool_choice="auto"
+        )
+        (call,) = first.output
+        assert call.type == "function_call"
+        assert (call.name, call.call_id) == ("add", "call_add")
+        assert json.loads(call.arguments) == {"a": 2, "b": 3}
+        sent = r.upstream_body()
+        assert sent["tools"] == [
+            {
+                "type": "function",
+                "function": {
+                    "name": "add",
+                    "parameters": ADD_TOOL_RESPONSES["parameters"],
+                    "description": "Add two numbers",
+                },
+            }
+        ]
+        assert sent["tool_choice"] == "auto"
+        second = await client.responses.create(
+            model="any",
+            input=[
+                {"role": "user", "content": "What is 2 + 3?"},
+                {
+                    "type": "function_call",
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                },
+                {"type": "function_call_output", "call_id": call.call_id, "output": "5"},
+            ],
+            tools=[ADD_TOOL_RESPONSES],
+        )
+        assert second.output_text == "The sum is 5."
+        messages = r.upstream_body()["messages"]
+        assert messages[1]["role"] == "assistant"
+        assert messages[1]["tool_calls"][0]["id"] == "call_add"
+        assert messages[2] == {"role": "tool", "tool_call_id": "call_add", "content": "5"}
+        assert_tokens(r.call(0), '{"name": "add"')
+        assert_tokens(r.call(1), "The sum is 5.")
+
+
+async def test_responses_stream_emits_the_event_sequence_and_records_tokens():
+    async with rig(scripted("Streaming works fine.", *ADD_SCRIPT)) as r:
+        client = r.openai()
+        stream = await client.responses.create(model="any", input="go", stream=True)
+        events = [event async for event in stream]
+        kinds = [event.type for event in events]
+        assert kinds[:4] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ]
+        assert kinds[-4:] == [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert len(deltas) > 1 and "".join(deltas) == "Streaming works fine."
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        done = events[-1].response
+        assert done.output_text == "Streaming works fine." and done.usage is not None
+        assert_tokens(r.call(0), "Streaming works fine.")
+        assert r.call(0).stream
+        # a tool call streams as function_call items; the SDK's own stream helper agrees
+        async with client.responses.stream(
+            model="any",
+            input=[
+                {"role": "assistant", "content": "Streaming works fine."},
+                {"role": "user", "content": "add"},
+            ],
+            tools=[ADD_TOOL_RESPONSES],
+        ) as helper:
+            kinds = [event.type async for event in helper]
+            final = await helper.get_final_response()
+        assert "response.function_call_arguments.delta" in kinds
+        assert "response.function_call_arguments.done" in kinds
+        (call,) = final.output
+        assert call.type == "function_call" and json.loads(call.arguments) == {"a": 2, "b": 3}
+        assert_tokens(r.call(1), '{"name": "add"')
+
+
+async def test_responses_errors_come_in_the_openai_shape():
+    async with rig(
+        scripted(ScriptedTurn(status_code=429, error="slow down"), on_exhausted="repeat_last")
+    ) as r:
+        with pytest.raises(openai.AuthenticationError):
+            await r.openai(key="wrong").responses.create(model="any", input="hi")
+        with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+            await r.openai().responses.create(model="any", input="hi", previous_response_id="x")
+        with pytest.raises(openai.BadRequestError, match="web_search"):
+            await r.openai().responses.create(
+                model="any", input="hi", tools=[{"type": "web_search"}]
+            )
+        with pytest.raises(openai.NotFoundError, match="unknown rollout"):
+            await r.openai("nope").responses.create(model="any", input="hi")
+        with pytest.raises(openai.RateLimitError, match="slow down"):
+            await r.openai().responses.create(model="any", input="hi")
+        with pytest.raises(openai.RateLimitError, match="slow down"):
+            await r.openai().responses.create(model="any", input="hi", stream=True)
+        assert [call.status_code for call in r.proxy.calls("r1")] == [429, 429]
+
+
+# -- the Messages API --------------------------------------------------------------------
+
+
+async def test_messages_tool_use_round_trip_records_tokens():
+    async with rig(scripted(*ADD_SCRIPT)) as r:
+        client = r.anthropic()
+        first = await client.messages.create(
+            model="claude-any",
+            max_tokens=128,
+            system="You add numbers.",
+            messages=[{"role": "user", "content": "What is 2 + 3?"}],
+            tools=[ADD_TOOL_MESSAGES],
+            tool_choice={"type": "any"},
+            stop_sequences=["###"],
+            extra_body={"temperature": 0.5, "top_p": 0.9},
+        )
+        assert first.stop_reason == "tool_use" and first.role == "assistant"
+        (use,) = first.content
+        assert use.type == "tool_use" and use.input == {"a": 2, "b": 3} and use.id == "call_add"
+        sent = r.upstream_body()
+        assert sent["messages"][0] == {"role": "system", "content": "You add numbers."}
+        assert sent["tools"][0]["function"]["parameters"] == ADD_TOOL_MESSAGES["input_schema"]
+        assert (sent["tool_choice"], sent["stop"], sent["max_tokens"]) == ("required", ["###"], 128)
+        assert (sent["temperature"], sent["top_p"]) == (0.5, 0.9)
+        second = await client.messages.create(
+            model="claude-any",
+            max_tokens=128,
+            messages=[
+                {"role": "user", "content": "What is 2 + 3?"},
+                {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": use.id, "content": "5"},
+                        {"type": "text", "text": "Go on."},
+                    ],
+                },
+            ],
+            tools=[ADD_TOOL_MESSAGES],
+        )
+        assert second.stop_reason == "end_turn"
+        assert second.content[0].type == "text" and second.content[0].text == "The sum is 5."
+        assert second.usage.output_tokens == len("The sum is 5.")
+        messages = r.upstream_body()["messages"]
+        assert messages[1]["tool_calls"][0]["function"] == {
+            "name": "add",
+            "arguments": json.dumps({"a": 2, "b": 3}),
+        }
+        assert messages[2] == {"role": "tool", "tool_call_id": "call_add", "content": "5"}
+        assert messages[3] == {"role": "user", "content": "Go on."}
+        assert_tokens(r.call(0), '{"name": "add"')
+        assert_tokens(r.call(1), "The sum is 5.")
+
+
+async def test_messages_stream_emits_the_event_sequence_and_records_tokens():
+    async with rig(scripted("Streaming works fine.", *ADD_SCRIPT)) as r:
+        client = r.anthropic()
+        async with client.messages.stream(
+            model="claude-any", max_tokens=64, messages=[{"role": "user", "content": "go"}]
+        ) as stream:
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_message()
+        raw = [k for k in kinds if k not in ("text",)]
+        assert raw[0] == "message_start" and raw[1] == "content_block_start"
+        assert raw[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+        assert final.content[0].type == "text"
+        assert final.content[0].text == "Streaming works fine."
+        assert final.stop_reason == "end_turn"
+        assert final.usage.output_tokens == len("Streaming works fine.")
+        assert_tokens(r.call(0), "Streaming works fine.")
+        async with client.messages.stream(
+            model="claude-any",
+            max_tokens=64,
+            messages=[
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": "Streaming works fine."},
+                {"role": "user", "content": "add"},
+            ],
+            tools=[ADD_TOOL_MESSAGES],
+        ) as stream:
+            final = await stream.get_final_message()
+        assert final.stop_reason == "tool_use"
+        (use,) = final.content
+        assert use.type == "tool_use" and use.name == "add" and use.input == {"a": 2, "b": 3}
+        assert_tokens(r.call(1), '{"name": "add"')
+
+
+async def test_messages_auth_by_x_api_key_or_bearer_and_errors_in_the_anthropic_shape():
+    async with rig(scripted("ok", on_exhausted="repeat_last")) as r:
+        url = r.base() + "/v1/messages"
+        body = {"model": "c", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        async with httpx.AsyncClient(timeout=20) as http:
+            by_key = await http.post(url, json=body, headers={"x-api-key": r.proxy.token})
+            bearer = {"authorization": f"Bearer {r.proxy.token}"}
+            by_bearer = await http.post(r.base() + "/messages", json=body, headers=bearer)
+            wrong = await http.post(url, json=body, headers={"x-api-key": "wrong"})
+            no_max = await http.post(url, json={**body, "max_tokens": None}, headers=bearer)
+            server_tool = {**body, "tools": [{"type": "web_search_20250305", "name": "web"}]}
+            refused = await http.post(url, json=server_tool, headers=bearer)
+            not_json = await http.post(url, content=b"{", headers=bearer)
+        assert by_key.status_code == by_bearer.status_code == 200
+        assert by_key.json()["content"] == [{"type": "text", "text": "ok"}]
+        assert wrong.status_code == 401
+        assert wrong.json() == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": wrong.json()["error"]["message"]},
+        }
+        for answer, needle in ((no_max, "max_tokens"), (refused, "web_search_20250305")):
+            assert answer.status_code == 400
+            assert answer.json()["error"]["type"] == "invalid_request_error"
+            assert needle in answer.json()["error"]["message"]
+        assert not_json.status_code == 400 and not_json.json()["type"] == "error"
+        assert len(r.proxy.calls("r1")) == 2  # refused requests never reach the sampler
+        with pytest.raises(anthropic.AuthenticationError):
+            await r.anthropic(key="wrong").messages.create(
+                model="c", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+
+
+async def test_messages_upstream_errors_are_relayed_in_the_anthropic_shape():
+    model = scripted(ScriptedTurn(status_code=429, error="slow down"), on_exhausted="repeat_last")
+    async with rig(model) as r:
+        for stream in (False, True):
+            with pytest.raises(anthropic.RateLimitError, match="slow down"):
+                await r.anthropic().messages.create(
+                    model="c",
+                    max_tokens=8,
+                    messages=[{"role": "user", "content": "hi"}],
+                    stream=stream,
+                )
+        assert [call.status_code for call in r.proxy.calls("r1")] == [429, 429]
+
+
+# -- the scripted model speaks both APIs on its own ---------------------------------------
+
+
+async def test_scripted_model_answers_responses_and_messages_clients_directly():
+    model = ScriptedModelServer(
+        scripts={"add please": ADD_SCRIPT}, record_requests=True, api_key="sk-test"
+    )
+    async with model:
+        oa = openai.AsyncOpenAI(base_url=model.base_url, api_key="sk-test", max_retries=0)
+        first = await oa.responses.create(model="m", input="add please", tools=[ADD_TOOL_RESPONSES])
+        assert first.output[0].type == "function_call"
+        an = anthropic.AsyncAnthropic(base_url=model.url, api_key="sk-test", max_retries=0)
+        async with an.messages.stream(
+            model="m",
+            max_tokens=64,
+            messages=[
+                {"role": "user", "content": "add please"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "5"}],
+                },
+            ],
+        ) as stream:
+            final = await stream.get_final_message()
+        assert final.content[0].type == "text" and final.content[0].text == "The sum is 5."
+        assert [request.path for request in model.requests] == ["/v1/responses", "/v1/messages"]
+        assert model.requests[1].body["max_tokens"] == 64  # recorded as the client sent it
+        with pytest.raises(anthropic.AuthenticationError):
+            await anthropic.AsyncAnthropic(
+                base_url=model.url, api_key="wrong", max_retries=0
+            ).messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}])
