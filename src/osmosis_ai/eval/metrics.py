@@ -71,23 +71,10 @@ class EvalMetrics:
     pass_at_k: tuple[PassAtK, ...] | None = None
 
     def to_json(self) -> dict[str, JsonValue]:
-        data: dict[str, JsonValue] = {
-            "total_samples": self.total_samples,
-            "completed_samples": self.completed_samples,
-            "graded": self.graded,
-            "passed": self.passed,
-            "failed": self.failed,
-            "skipped": self.skipped,
-            "pass_rate": self.pass_rate,
-            "pass_threshold": self.pass_threshold,
-            "tokens_used": self.tokens_used,
-        }
-        if self.reward_stats is not None:
-            data["reward_stats"] = self.reward_stats.to_json()
-        if self.n_runs is not None:
-            data["n_runs"] = self.n_runs
-        if self.pass_at_k is not None:
-            data["pass_at_k"] = [{"k": p.k, "value": p.value} for p in self.pass_at_k]
+        """Every field in declaration order; the optional ones only when present."""
+        data = {key: value for key, value in asdict(self).items() if value is not None}
+        if "pass_at_k" in data:
+            data["pass_at_k"] = list(data["pass_at_k"])
         return data
 
 
