@@ -644,3 +644,19 @@ def test_isolated_rollouts_share_one_uv_environment_per_lock_hash_built_one_at_a
     )
     plain.command()
     assert plain.isolated and plain.uv_environment is None
+
+
+def test_the_run_process_reports_a_wrong_command_line_on_stderr_as_it_was():
+    """The run process logs through ``logging``; its lines reach the attempt log unchanged."""
+    done = subprocess.run(
+        [sys.executable, "-m", "osmosis_ai.platform.worker.execute", "a", "b"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == (
+        "usage: python -m osmosis_ai.platform.worker.execute SPEC.json | --standby\n"
+    )

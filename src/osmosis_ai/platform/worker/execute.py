@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -61,8 +62,8 @@ from osmosis_ai.platform.store.orm import Run
 from osmosis_ai.platform.worker import liveness
 from osmosis_ai.platform.worker.checkout import checkout_run
 from osmosis_ai.platform.worker.job import JobContext
-from osmosis_ai.platform.worker.processes import kill_descendants
 from osmosis_ai.platform.worker.report import RunReporter
+from osmosis_ai.procs import kill_descendants
 from osmosis_ai.rundir.logs import Redactor
 
 DEFAULT_JOBS: Mapping[str, str] = {
@@ -150,9 +151,23 @@ class AttemptReporter(RunReporter):
 
 STANDBY = "--standby"
 
+logger = logging.getLogger("osmosis_ai.platform.worker.execute")
+
+
+def configure_logging() -> None:
+    """This process's lines on stderr, as they are: the worker copies them into the attempt's
+    log and keeps the last ones for a crash's message."""
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    configure_logging()
     if args == [STANDBY]:
         # Started ahead of any claim, so a claimed run skips this interpreter's start-up:
         # import what runs need, then wait for the spec's path on stdin (end of file: the
@@ -164,10 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         args = [line]
         os.chdir(Path(line).parent)  # the run's work dir holds its spec
     if len(args) != 1:
-        print(
-            f"usage: python -m osmosis_ai.platform.worker.execute SPEC.json | {STANDBY}",
-            file=sys.stderr,
-        )
+        logger.error("usage: python -m osmosis_ai.platform.worker.execute SPEC.json | %s", STANDBY)
         return 2
     spec = RunSpec.read(Path(args[0]))
     liveness.start_beating(liveness.beat_path(Path(spec.work_dir), spec.attempt))
@@ -259,7 +271,7 @@ def _execute(spec: RunSpec, stop: threading.Event, releasing: threading.Event) -
         _after_job(reporter, spec, stop)
         return 0
     except LeaseLostError as exc:
-        print(f"run {spec.run_id}: {exc}", file=sys.stderr)
+        logger.warning("run %s: %s", spec.run_id, exc)
         return EXIT_LEASE_LOST
     except BaseException as exc:
         _fail(reporter, spec, phase, exc, redactor=redactor, stop=stop)
@@ -406,7 +418,7 @@ def _fail(
 
     error = clean(f"{type(exc).__name__}: {exc}")
     trace = clean("".join(traceback.format_exception(exc)))[-TRACEBACK_CHARS:]
-    print(trace, file=sys.stderr)
+    logger.error("%s", trace)
     try:
         if stop.is_set():
             reporter.log(trace, step=phase, level="warning")
@@ -415,7 +427,7 @@ def _fail(
         reporter.log(trace, step=phase, level="error")
         reporter.end(_failed(spec), error=error, message=f"The run failed during {phase}: {error}")
     except LeaseLostError as lost:
-        print(f"run {spec.run_id}: {lost}", file=sys.stderr)
+        logger.warning("run %s: %s", spec.run_id, lost)
 
 
 def _failed(spec: RunSpec) -> str:
@@ -435,7 +447,7 @@ def _exit(code: int) -> None:
         if t.is_alive() and not t.daemon and t is not threading.main_thread()
     ]
     if lingering:
-        print(f"exiting with threads still running: {', '.join(lingering)}", file=sys.stderr)
+        logger.warning("exiting with threads still running: %s", ", ".join(lingering))
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
