@@ -417,3 +417,35 @@ def test_an_origin_without_owner_and_repo_is_refused():
     with pytest.raises(PlatformClientError) as info:
         identity_of("https://example.com/demo")
     assert info.value.code == "WORKSPACE_REQUIRED"
+
+
+# --- paths the platform names in downloads ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["", "/etc/passwd", "../up", "a/../../up", "a//b", "./a", "a\\..\\b", "a\\b"]
+)
+def test_every_download_refuses_a_path_that_could_leave_its_folder(path):
+    # One check for checkpoint and eval downloads: checkpoints used to turn backslashes
+    # into folders and let empty segments through.
+    from osmosis_ai.platform.client.errors import UnsafeAnswerError
+    from osmosis_ai.platform.client.transfer import safe_relative
+
+    with pytest.raises(UnsafeAnswerError) as caught:
+        safe_relative(path)
+    assert caught.value.code == "PLATFORM_ERROR"
+    assert caught.value.message == f"The platform sent an unsafe file path: {path!r}"
+
+
+def test_a_download_keeps_a_safe_path_and_the_last_part_of_a_name():
+    from osmosis_ai.platform.client.errors import UnsafeAnswerError
+    from osmosis_ai.platform.client.transfer import safe_name, safe_relative
+
+    assert safe_relative("trajectories/row_0_run_0.json").parts == (
+        "trajectories",
+        "row_0_run_0.json",
+    )
+    assert safe_name("../../etc/sums.jsonl") == "sums.jsonl"
+    assert safe_name("dir\\sums.jsonl") == "sums.jsonl"
+    with pytest.raises(UnsafeAnswerError, match="bad name: '..'"):
+        safe_name("..", "name")

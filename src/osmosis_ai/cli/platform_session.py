@@ -172,9 +172,9 @@ class Session:
 
     def transfers(self) -> Transfers:
         """Moves bytes through the presigned URLs this platform hands out."""
-        from osmosis_ai.platform.client.transfer import Transfers
+        from osmosis_ai.platform.client.transfer import transfers_for
 
-        return Transfers(allow_insecure=self.target.insecure, sleep=self.client.sleep)
+        return transfers_for(self.client)
 
     def result_context(self) -> dict[str, object]:
         return self.workspace.result_context() if self.workspace is not None else {}

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from contextlib import contextmanager
 
 from osmosis_ai.cli.output import Context
-
-Progress = Callable[[int, int], None]
+from osmosis_ai.platform.client.api import Progress
 
 
 @contextmanager

@@ -12,8 +12,9 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
@@ -21,18 +22,53 @@ import httpx
 
 from osmosis_ai.consts import PACKAGE_VERSION
 from osmosis_ai.platform.client.api import (
+    PlatformClient,
     Progress,
     UploadInstructions,
     is_insecure_url,
     network_error,
 )
-from osmosis_ai.platform.client.errors import PlatformClientError
+from osmosis_ai.platform.client.errors import PlatformClientError, UnsafeAnswerError
 
 CHUNK = 1 << 20
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 ATTEMPTS = 5
 
 Part = dict[str, object]  # {"PartNumber": n, "ETag": "..."}
+ProgressBar = Callable[[int, str], AbstractContextManager[Progress | None]]
+"""Shows a transfer of ``total`` bytes described as ``description``; yields its callback."""
+
+
+def progress_of(
+    bar: ProgressBar | None, total: int, description: str
+) -> AbstractContextManager[Progress | None]:
+    return nullcontext() if bar is None else bar(total, description)
+
+
+def transfers_for(client: PlatformClient) -> Transfers:
+    """The transfers of ``client``'s platform: insecure URLs allowed as it allows them."""
+    return Transfers(allow_insecure=client.allow_insecure_transfers, sleep=client.sleep)
+
+
+def safe_name(name: object, what: str = "file name") -> str:
+    """A name from the platform, reduced to its last path component."""
+    base = PurePosixPath(str(name).replace("\\", "/")).name
+    if base in ("", ".", ".."):
+        raise UnsafeAnswerError(f"The platform sent a bad {what}: {name!r}")
+    return base
+
+
+def safe_relative(path: object) -> PurePosixPath:
+    """A file path from the platform, refused unless it stays under the download's root."""
+    text = str(path or "")
+    if (
+        not text
+        or text.startswith("/")
+        or "\\" in text
+        or any(part in ("", ".", "..") for part in text.split("/"))
+    ):
+        raise UnsafeAnswerError(f"The platform sent an unsafe file path: {text!r}")
+    return PurePosixPath(text)
 
 
 @dataclass
