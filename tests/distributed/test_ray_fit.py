@@ -10,8 +10,8 @@ import pytest
 
 from osmosis_ai.distributed.fleet import SERVER_CPUS
 from osmosis_ai.train.errors import PlacementError
-from osmosis_ai.train.on_ray import Ask, check_fits, local_cpus
 from osmosis_ai.train.plan import RayPlacement
+from osmosis_ai.train.ray.placement import Ask, check_fits, local_cpus
 
 
 def node(cpus: float, gpus: float = 0.0) -> dict[str, object]:

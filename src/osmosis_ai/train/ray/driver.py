@@ -1,20 +1,18 @@
-"""``osmosis train run --ray``: the same run, its steps on a Ray cluster. Both sides live
-here: the driver's (:func:`train_on_ray`) and the workers' entry point (:func:`train_loop`,
-which runs ``runner.WorkerRun``), with what the driver starts beside the workers on GPUs
-(the vLLM engine).
+"""``osmosis train run --ray``, on the machine that runs the command (the driver):
+:class:`DriverSession` places the run on a Ray cluster and follows it to its end, with what it
+starts beside the trainer workers on GPUs (the vLLM engine).
 
-The machine that runs the command (the driver) keeps the run directory's journal and
-manifest, does the short supervised warm-up in one process exactly as on one machine, then
-places ``N`` trainer workers with Ray Train's ``TorchTrainer`` (gloo on CPU, NCCL on GPUs).
-Every worker runs TRL's GRPO on its share of each step's prompts (DDP: the gradients are
-averaged, so a step is the same update as on one machine), sending its rollouts through the
-rollout protocol to the run's fleet of rollout servers (:mod:`osmosis_ai.train.ray_fleet`:
-the user's entrypoint, started as on one machine, spread over the nodes), balanced by each
-server's advertised capacity, against its own copy of the current policy.
-Worker 0 writes metrics, checkpoints (Hugging Face format) and the trainer's resumable
-state into the run directory, which every node must see at the same path (one machine, or a
-shared filesystem). Its events reach the driver through a Ray queue, so progress renders as
-on one machine.
+The driver keeps the run directory's journal and manifest, does the short supervised
+warm-up in one process exactly as on one machine, then places ``N`` trainer workers
+(:mod:`.worker`) with Ray Train's ``TorchTrainer`` (gloo on CPU, NCCL on GPUs). Every worker
+runs TRL's GRPO on its share of each step's prompts (DDP: the gradients are averaged, so a
+step is the same update as on one machine), sending its rollouts through the rollout
+protocol to the run's fleet of rollout servers (:mod:`.fleet`: the user's entrypoint,
+started as on one machine, spread over the nodes), balanced by each server's advertised
+capacity, against its own copy of the current policy. Worker 0 writes metrics, checkpoints
+(Hugging Face format) and the trainer's resumable state into the run directory, which every
+node must see at the same path (one machine, or a shared filesystem). Its events reach the
+driver through a Ray queue, so progress renders as on one machine.
 
 A trainer worker that dies ends the worker group; Ray Train's ``FailureConfig`` starts a new
 one, which resumes from the last resumable state (logged as a restart); a node that left
@@ -23,19 +21,18 @@ then.
 
 Nothing waits on placement for ever. A cluster started here declares the logical CPUs the
 asked topology needs; on a cluster given by address, a request no arrangement of its nodes
-can hold fails at once (:class:`~osmosis_ai.train.errors.PlacementError`). A worker group
-that does not get its resources within Ray Train's start deadline
-(``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, 60 s by default) ends the run, as does any other
-error of Ray Train's controller (:class:`~osmosis_ai.train.errors.RayTrainError`): the
-controller does not retry on its own, and the driver watches it (:mod:`.ray_watch`) while it
-waits. A Ctrl-C before the first step ends the run at once (there is nothing to save); after
-it, the workers finish the step and save.
+can hold fails at once (:mod:`.placement`). A worker group that does not get its resources
+within Ray Train's start deadline (``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, 60 s by
+default) ends the run, as does any other error of Ray Train's controller
+(:class:`~osmosis_ai.train.errors.RayTrainError`): the controller does not retry on its own,
+and the driver watches it (:mod:`.watch`) while it waits. A Ctrl-C before the first step
+ends the run at once (there is nothing to save); after it, the workers finish the step and
+save. Ray is imported inside functions: importing this module needs only the core package.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import subprocess
 import sys
@@ -43,35 +40,26 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any
 
 from osmosis_ai.deadlines import TRAIN_STEP
+from osmosis_ai.distributed.cluster import LOCAL, connect, require_ray
+from osmosis_ai.distributed.fleet import FleetStartCancelled
 from osmosis_ai.train import engine
-from osmosis_ai.train.collect import StepStats
-from osmosis_ai.train.errors import PlacementError, RayTrainError, TrainingError
+from osmosis_ai.train.errors import RayTrainError, TrainingError
 from osmosis_ai.train.events import StepEvent, TrainEvent, ValidationEvent
-from osmosis_ai.train.plan import RayPlacement, TrainPlan, check_split
-from osmosis_ai.train.ray_fleet import FleetOwner, TrainingFleet
-from osmosis_ai.train.rundir import RunDir
-
-if TYPE_CHECKING:
-    from osmosis_ai.train.events import EvalSummary
-
-
-class Session(FleetOwner, Protocol):
-    """What the driver uses of the run (``runner._Run``): what its fleet uses, and more."""
-
-    rewards: list[float | None]
-    validations: list[EvalSummary]
-    steps_done: int
-    model: Any
-    tokenizer: Any
-
-    def emit(self, event: TrainEvent) -> None: ...
-
-    def _prepare_model(self, device: str) -> None: ...
-
+from osmosis_ai.train.ray.fleet import TrainingFleet
+from osmosis_ai.train.ray.placement import (
+    Ask,
+    alive_nodes,
+    amounts,
+    ask_for,
+    check_fits,
+    local_cpus,
+)
+from osmosis_ai.train.ray.worker import Finished, WorkerSpec, train_loop
+from osmosis_ai.train.session import Session
 
 _FEATURE = "osmosis train run --ray"
 _POLL_SEC = 0.25
@@ -82,190 +70,52 @@ START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 START_TIMEOUT_DEFAULT_SEC = 60.0  # Ray Train's own default for it
 
 
-@dataclass(frozen=True)
-class Finished:
-    """Worker 0's last word: how its run ended."""
+class DriverSession(Session):
+    """The run on a Ray cluster, from the machine that runs the command; see the module
+    docstring. Its status is the one worker 0 reported."""
 
-    status: str
-    steps_done: int
+    def _train(self) -> str:
+        require_ray(_FEATURE)
+        placement = self.plan.ray
+        assert placement is not None
+        local = (placement.address or LOCAL).strip() == LOCAL
+        connection = connect(placement.address, num_cpus=local_cpus(placement) if local else None)
+        try:
+            ask = ask_for(self.plan, placement)
+            check_fits(ask, connection.address, alive_nodes())
+            self._warm_up_here()
+            if self.stop.requested:
+                raise _stop_early(self)
+            return _place(self, ask)
+        except _StoppedEarly:
+            return _ended_early(self)
+        finally:
+            connection.close()
 
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What each trainer worker gets: the plan (without what cannot travel), its events
-    queue, and
-    the vLLM server URL on GPUs (``None``: the local policy)."""
-
-    plan: TrainPlan
-    events: Any
-    worker: Any  # the class each worker runs (``runner.WorkerRun``)
-    id: str  # this invocation's (a restarted worker group counts its starts by it)
-    vllm_url: str | None = None
-    directory: Any = None  # the fleet's directory actor (``FleetDirectory``)
-    step_deadline_s: float | None = None  # the driver's trainer step deadline
-
-
-def alive_nodes() -> list[dict[str, Any]]:
-    import ray
-
-    return [node for node in ray.nodes() if node.get("Alive")]
-
-
-def resolve_workers(placement: RayPlacement, completions: int) -> int:
-    """The trainer workers to place; ``0`` asks for one per alive node (the most, up to
-    that, that share a step's completions equally)."""
-    nodes = max(1, len(alive_nodes()))
-    workers = placement.trainer_workers or _largest_divisor(completions, nodes)
-    check_split(completions, workers)
-    return workers
-
-
-def _largest_divisor(completions: int, at_most: int) -> int:
-    return next(n for n in range(at_most, 0, -1) if completions % n == 0)
-
-
-def cluster_has_gpus() -> bool:
-    import ray
-
-    return float(ray.cluster_resources().get("GPU", 0)) > 0
-
-
-@dataclass(frozen=True)
-class Ask:
-    """What a run places on the cluster: ``workers`` trainer workers of ``worker``
-    resources each, ``servers`` rollout servers of ``server_cpus`` each, and on GPUs the
-    vLLM engine (one CPU, one GPU)."""
-
-    workers: int
-    servers: int
-    gpu: bool
-    server_cpus: float
-    worker: dict[str, float] = field(default_factory=dict[str, float])
-
-    def items(self) -> list[tuple[str, dict[str, float]]]:
-        """Each placed thing: its kind and its resources."""
-        engine = [("vLLM engine", {"CPU": 1.0, "GPU": 1.0})] if self.gpu else []
-        return [
-            *[("trainer worker", self.worker)] * self.workers,
-            *engine,
-            *[("rollout server", {"CPU": self.server_cpus})] * self.servers,
-        ]
-
-    def describe(self) -> str:
-        parts = [
-            f"{self.workers} trainer worker(s) × {_amounts(self.worker)}",
-            f"{self.servers} rollout server(s) × {_amounts({'CPU': self.server_cpus})}",
-        ]
-        if self.gpu:
-            parts.append("a vLLM engine × 1 CPU, 1 GPU")
-        total = {"CPU": 0.0, "GPU": 0.0}
-        for _, need in self.items():
-            for key in total:
-                total[key] += need.get(key, 0.0)
-        return f"{' and '.join(parts)} ({_amounts(total, always=True)} in all)"
-
-
-def _amounts(resources: dict[str, float], *, always: bool = False) -> str:
-    shown = [
-        f"{resources.get(key, 0.0):g} {key}"
-        for key in ("CPU", "GPU")
-        if always or resources.get(key, 0.0)
-    ]
-    return ", ".join(shown) or "nothing"
-
-
-def local_cpus(placement: RayPlacement) -> int:
-    """The logical CPUs a cluster started here declares: this machine's, or what the asked
-    topology needs when that is more (a one-node cluster: ``0`` means one of each)."""
-    from osmosis_ai.distributed.fleet import SERVER_CPUS
-
-    workers = placement.trainer_workers or 1
-    servers = placement.rollout_servers or 1
-    need = workers * _worker_resources(False)["CPU"] + servers * SERVER_CPUS
-    return max(os.cpu_count() or 1, math.ceil(need))
-
-
-def check_fits(ask: Ask, address: str, nodes: list[dict[str, Any]]) -> None:
-    """Raise :class:`PlacementError` when no arrangement of ``nodes`` (Ray's records of the
-    cluster's live nodes) holds ``ask``: each item goes, largest first, to the node with the
-    most room left that fits it (the nodes' whole resources: what other work holds now only
-    delays the start)."""
-    sizes = [
-        {key: float(node.get("Resources", {}).get(key, 0.0)) for key in ("CPU", "GPU")}
-        for node in nodes
-    ]
-    room = [dict(size) for size in sizes]
-    items = sorted(ask.items(), key=lambda i: (i[1].get("GPU", 0.0), i[1].get("CPU", 0.0)))
-    misfit = ""
-    for kind, need in reversed(items):
-        fitting = [r for r in room if all(r[k] + 1e-9 >= v for k, v in need.items())]
-        if not fitting:
-            misfit = f"a {kind}, {_amounts(need)}"
-            break
-        best = max(fitting, key=lambda r: (r["CPU"], r["GPU"]))
-        for key, value in need.items():
-            best[key] -= value
-    if not misfit:
-        return
-    totals = {key: sum(size[key] for size in sizes) for key in ("CPU", "GPU")}
-    largest = max(sizes, key=lambda r: (r["CPU"], r["GPU"]), default={"CPU": 0.0, "GPU": 0.0})
-    raise PlacementError(
-        f"this run asks the Ray cluster at {address} for {ask.describe()}, and the cluster "
-        f"cannot hold it (no node has room left for {misfit}): it has "
-        f"{len(sizes)} node(s) with {_amounts(totals, always=True)} in all (the largest "
-        f"{_amounts(largest, always=True)}). Ask for fewer trainer workers (--trainer-workers) "
-        "or rollout servers (--rollout-servers), or add nodes to the cluster"
-    )
+    def _warm_up_here(self) -> None:
+        """The supervised warm-up in this process (so its result is the one-machine run's);
+        nothing to do when it is done, skipped, or the run resumes."""
+        plan, rundir = self.plan, self.rundir
+        warmed = (rundir.warmup / "config.json").is_file()
+        if warmed or plan.config.warmup.sft_steps == 0 or rundir.last_resume_point() is not None:
+            return
+        engine.quiet()
+        engine.set_threads(plan.options.torch_threads)
+        self._prepare_model(engine.resolve_device(plan.options.device))
+        self.model = self.tokenizer = None
 
 
 class _StoppedEarly(Exception):
     """A stop request (Ctrl-C) came before the first step: the run ends at once."""
 
 
-def train_on_ray(run: Session, worker: type[Any]) -> str:
-    """The driver's side of a run on Ray; returns its status as ``runner._Run._train`` does."""
-    from osmosis_ai.distributed.cluster import LOCAL, connect, require_ray
-
-    require_ray(_FEATURE)
-    plan = run.plan
-    placement = plan.ray
-    assert placement is not None
-    local = (placement.address or LOCAL).strip() == LOCAL
-    connection = connect(placement.address, num_cpus=local_cpus(placement) if local else None)
-    try:
-        ask = _ask(run, placement)
-        check_fits(ask, connection.address, alive_nodes())
-        _warm_up_here(run)
-        if run.stop.requested:
-            raise _stop_early(run)
-        return _place(run, worker, ask)
-    except _StoppedEarly:
-        return _ended_early(run)
-    finally:
-        connection.close()
-
-
-def _ask(run: Session, placement: RayPlacement) -> Ask:
-    from osmosis_ai.distributed.fleet import SERVER_CPUS
-
-    plan = run.plan
-    gpu = cluster_has_gpus() and (plan.options.device or "cuda").startswith("cuda")
-    return Ask(
-        workers=resolve_workers(placement, plan.batch * plan.group),
-        servers=placement.rollout_servers or len(alive_nodes()),
-        gpu=gpu,
-        server_cpus=SERVER_CPUS,
-        worker=_worker_resources(gpu),
-    )
-
-
-def _stop_early(run: Session) -> _StoppedEarly:
+def _stop_early(run: DriverSession) -> _StoppedEarly:
     """Say at once that the run ends (the servers and actors stop after it)."""
     run.stage("interrupted before the first step of this run: nothing new to save")
     return _StoppedEarly()
 
 
-def _ended_early(run: Session) -> str:
+def _ended_early(run: DriverSession) -> str:
     """A run stopped before its first step here: its steps are those of earlier runs."""
     records = run.rundir.read_metrics()
     run.rewards = [r.get("training_reward") for r in records]
@@ -273,9 +123,7 @@ def _ended_early(run: Session) -> str:
     return "interrupted"
 
 
-def _place(run: Session, worker: type[Any], ask: Ask) -> str:
-    from osmosis_ai.distributed.fleet import FleetStartCancelled
-
+def _place(run: DriverSession, ask: Ask) -> str:
     run.stage(
         f"Ray cluster: {len(alive_nodes())} node(s); {ask.workers} trainer worker(s) "
         f"({'NCCL on GPUs' if ask.gpu else 'gloo on CPU'}) over {ask.servers} rollout server(s)"
@@ -290,7 +138,7 @@ def _place(run: Session, worker: type[Any], ask: Ask) -> str:
         if run.stop.requested:
             raise _stop_early(run)
         vllm = start_vllm(run) if ask.gpu else None
-        return _fit(run, worker, ask, vllm=vllm, fleet=fleet)
+        return _fit(run, ask, vllm=vllm, fleet=fleet)
     finally:
         if vllm is not None:
             with contextlib.suppress(Exception):
@@ -298,26 +146,13 @@ def _place(run: Session, worker: type[Any], ask: Ask) -> str:
         fleet.close()
 
 
-def _warm_up_here(run: Session) -> None:
-    """The supervised warm-up in this process (so its result is the one-machine run's);
-    nothing to do when it is done, skipped, or the run resumes."""
-    plan, rundir = run.plan, run.rundir
-    warmed = (rundir.warmup / "config.json").is_file()
-    if warmed or plan.config.warmup.sft_steps == 0 or rundir.last_resume_point() is not None:
-        return
-    engine.quiet()
-    engine.set_threads(plan.options.torch_threads)
-    run._prepare_model(engine.resolve_device(plan.options.device))  # pyright: ignore[reportPrivateUsage]
-    run.model = run.tokenizer = None
-
-
-def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: TrainingFleet) -> str:
+def _fit(run: DriverSession, ask: Ask, *, vllm: Any, fleet: TrainingFleet) -> str:
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Queue
 
-    from osmosis_ai.train.ray_watch import ControllerLookout, FitWatch
+    from osmosis_ai.train.ray.watch import ControllerLookout, FitWatch
 
     plan, rundir = run.plan, run.rundir
     placement = plan.ray
@@ -327,7 +162,6 @@ def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: Trainin
     spec = WorkerSpec(
         plan=replace(plan, options=replace(plan.options, stop=None, environ=None)),
         events=events,
-        worker=worker,
         id=uuid.uuid4().hex,
         vllm_url=vllm.url if vllm is not None else None,
         directory=fleet.directory,
@@ -360,7 +194,7 @@ def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: Trainin
     try:
         _await_actor(run, watch, "the driver's watch of Ray Train's controller")
         run.stage(
-            f"placing {ask.workers} trainer worker(s) × {_amounts(ask.worker)} with Ray Train "
+            f"placing {ask.workers} trainer worker(s) × {amounts(ask.worker)} with Ray Train "
             f"(they get {_start_timeout():g}s to be placed: {START_TIMEOUT_ENV})"
         )
         result = _await_fit(run, trainer, watch, pump, ask)
@@ -381,7 +215,7 @@ def _fit(run: Session, worker: type[Any], ask: Ask, *, vllm: Any, fleet: Trainin
     return pump.finished.status
 
 
-def _await_actor(run: Session, actor: Any, what: str) -> None:
+def _await_actor(run: DriverSession, actor: Any, what: str) -> None:
     """Wait until ``actor`` answers (a Ctrl-C meanwhile ends the run at once)."""
     import ray
 
@@ -405,7 +239,7 @@ def _start_timeout() -> float:
         return START_TIMEOUT_DEFAULT_SEC
 
 
-def _await_fit(run: Session, trainer: Any, watch: Any, pump: _Pump, ask: Ask) -> Any:
+def _await_fit(run: DriverSession, trainer: Any, watch: Any, pump: _Pump, ask: Ask) -> Any:
     """``trainer.fit()`` in a thread of its own while this (main) thread waits on it and on
     the controller's watch: called from the main thread, Ray Train puts in its own SIGINT
     handler, which aborts the workers at once; here the run's own stays, so a first Ctrl-C
@@ -451,7 +285,7 @@ def _await_fit(run: Session, trainer: Any, watch: Any, pump: _Pump, ask: Ask) ->
         error: BaseException = outcome["error"]
         if isinstance(error, TrainingError):
             raise error
-        from osmosis_ai.train.ray_watch import stalled_step
+        from osmosis_ai.train.ray.watch import stalled_step
 
         stalled = stalled_step(error)
         if stalled is not None:  # a worker's step deadline: the run ends with its error
@@ -487,7 +321,7 @@ class _WatchReader:
 def _abort(watch: Any) -> None:
     """End Ray Train's controller and, with it, the worker group it owns: killed, not asked
     (while it waits for the group's resources it answers no call); one that has not started
-    yet ends itself as it starts (:class:`~osmosis_ai.train.ray_watch.RunAborted`)."""
+    yet ends itself as it starts (:class:`~osmosis_ai.train.ray.watch.RunAborted`)."""
     import ray
 
     try:
@@ -500,7 +334,7 @@ def _abort(watch: Any) -> None:
 
 
 def _ray_train_error(error: BaseException, ask: Ask) -> RayTrainError:
-    from osmosis_ai.train.ray_watch import ray_error_of
+    from osmosis_ai.train.ray.watch import ray_error_of
 
     cause = ray_error_of(error)
     name = type(cause).__name__
@@ -513,16 +347,12 @@ def _ray_train_message(name: str, detail: str, ask: Ask) -> str:
     message = f"Ray Train ended the run with {name}: {shown}"
     if name == "WorkerGroupStartupTimeoutError":
         message += (
-            f"\nThe {ask.workers} trainer worker(s) × {_amounts(ask.worker)} did not get their "
+            f"\nThe {ask.workers} trainer worker(s) × {amounts(ask.worker)} did not get their "
             f"resources within {_start_timeout():g}s ({START_TIMEOUT_ENV}): other work holds "
             "the cluster's resources. Free them, add nodes, or ask for fewer trainer workers "
             "(--trainer-workers)"
         )
     return message
-
-
-def _worker_resources(gpu: bool) -> dict[str, float]:
-    return {"CPU": 1.0, **({"GPU": 1.0} if gpu else {})}
 
 
 def _latest_per_step(summaries: list[Any], last: int) -> list[Any]:
@@ -537,7 +367,7 @@ class _Pump:
     ``stepped``: a step's event came (from then on, a stop request finishes a step)."""
 
     def __init__(
-        self, run: Session, events: Any, on_first_step: Callable[[], object] | None = None
+        self, run: DriverSession, events: Any, on_first_step: Callable[[], object] | None = None
     ) -> None:
         self.run = run
         self.events = events
@@ -587,58 +417,10 @@ class _Pump:
         self.run.emit(event)
 
 
-# -- the trainer workers' side -------------------------------------------------------------
-
-
-_SUMMED = (
-    "rollouts",
-    "scored",
-    "failed",
-    "groups",
-    "groups_without_signal",
-    "chain_breaks",
-    "dropped_calls",
-    "truncated",
-    "model_tokens",
-    "env_tokens",
-    "total_tokens",
-)
-_VLLM_START_SEC = 900.0
-
-
-def train_loop(config: dict[str, Any]) -> None:
-    """Ray Train's ``train_loop_per_worker``."""
-    import ray.train
-
-    spec: WorkerSpec = config["spec"]
-    context = ray.train.get_context()
-    plan = spec.plan
-    if spec.vllm_url is not None:
-        plan = replace(plan, options=replace(plan.options, vllm_server_url=spec.vllm_url))
-    rundir = RunDir.attach(plan)
-    try:
-        spec.worker(plan, rundir, spec, context.get_world_rank(), context.get_world_size()).work()
-    finally:
-        rundir.close()
-
-
-def summed(stats: StepStats) -> StepStats:
-    """One step's rollout numbers over every worker (counts added, times the longest)."""
-    import torch
-    import torch.distributed as dist
-
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    sums = torch.tensor([float(getattr(stats, n)) for n in _SUMMED], dtype=torch.float64)
-    longest = torch.tensor([stats.seconds, stats.wait_seconds], dtype=torch.float64)
-    sums, longest = sums.to(device), longest.to(device)
-    dist.all_reduce(sums)
-    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-    counts = {name: round(value) for name, value in zip(_SUMMED, sums.tolist(), strict=True)}
-    seconds, wait = longest.tolist()
-    return replace(stats, **counts, seconds=seconds, wait_seconds=wait, policy_batches=None)
-
-
 # -- what the driver starts beside the workers ------------------------------------------------
+
+
+_VLLM_START_SEC = 900.0
 
 
 @dataclass
@@ -658,7 +440,7 @@ class VllmEngine:
         ray.kill(self.actor)
 
 
-def start_vllm(run: Session) -> VllmEngine:
+def start_vllm(run: DriverSession) -> VllmEngine:
     """Place TRL's vLLM server on one GPU of the cluster and wait until it answers."""
     import ray
 

@@ -28,29 +28,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from osmosis_ai.distributed.fleet import FleetDirectory, FleetSpec, RolloutFleet, ServerInfo
-from osmosis_ai.train.plan import TrainPlan
-from osmosis_ai.train.rundir import RunDir
-from osmosis_ai.train.stopping import StopRequest
-
-
-class FleetOwner(Protocol):
-    """What the fleet uses of the driver's run (``runner._Run``)."""
-
-    plan: TrainPlan
-    rundir: RunDir
-
-    @property
-    def stop(self) -> StopRequest: ...
-
-    def stage(self, message: str, **details: object) -> None: ...
-
-    def warn(self, code: str, message: str) -> None: ...
-
-    def server_env(self) -> dict[str, str]: ...
-
+from osmosis_ai.train.session import Session
 
 _KEEP_EVERY_SEC = 1.0
 
@@ -58,7 +39,7 @@ _KEEP_EVERY_SEC = 1.0
 class TrainingFleet:
     """``servers`` rollout servers for ``run``, from :meth:`start` to :meth:`close`."""
 
-    def __init__(self, run: FleetOwner, servers: int) -> None:
+    def __init__(self, run: Session, servers: int) -> None:
         config = run.plan.config
         assert config.rollout_dir is not None and config.entrypoint_path is not None
         self.run = run
