@@ -742,7 +742,10 @@ async def test_trajectory_report_and_totals():
         "failed_llm_calls": 1,
         "total_prompt_tokens": sum(u.prompt_tokens or 0 for u in usages),
         "total_completion_tokens": sum(u.completion_tokens or 0 for u in usages),
+        "token_segments": 1,  # the retry's prompt extends the first call's tokens
+        "chain_breaks": 0,
     }
+    assert [m.extra["token_segment"] for m in sample.llm_call_metrics if m.extra] == [0, 0]
     # what a controller puts in the completion-callback ack round-trips through the SDK reader
     ack = {"ok": True, "trajectory": report.model_dump(mode="json")}
     assert report_from_response(json.dumps(ack)) == report

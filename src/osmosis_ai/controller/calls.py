@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,14 +80,17 @@ class CallRecord:
         """Whether the agent got a well-formed successful answer."""
         return self.error is None and self.status_code < 400
 
-    def to_metrics(self) -> LlmCallMetrics:
-        """This call as the ``LlmCallMetrics`` of a trajectory report."""
+    def to_metrics(self, segment: int | None = None) -> LlmCallMetrics:
+        """This call as the ``LlmCallMetrics`` of a trajectory report; ``segment`` is its
+        token segment (see :func:`token_segments`), kept in ``extra["token_segment"]``."""
         from osmosis_ai.rollout.trajectory.report import LlmCallMetrics
 
         usage = self.usage or Usage()
         extra: dict[str, Any] = {"latency_ms": round(self.latency_ms, 3), "stream": self.stream}
         if self.finish_reason is not None:
             extra["finish_reason"] = self.finish_reason
+        if segment is not None:
+            extra["token_segment"] = segment
         return LlmCallMetrics(
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
@@ -309,18 +313,50 @@ class CallRecorder:
         )
 
 
+def token_segments(calls: Sequence[CallRecord]) -> list[int | None]:
+    """The token segment of each of ``calls`` (successful ones, in call order).
+
+    A call whose prompt ids extend the previous call's prompt + completion ids continues its
+    segment; one whose prompt does not (the agent summarised, truncated or re-rendered its
+    conversation) starts the next, numbered from 0. Tokens are only ever joined within a
+    segment, so training never stitches a sequence the sampler did not see. A call without
+    token ids has no segment (``None``) and leaves the chain as it was.
+    """
+    segments: list[int | None] = []
+    history: list[int] | None = None
+    current = -1
+    for call in calls:
+        prompt, completion = call.prompt_token_ids, call.completion_token_ids
+        if prompt is None or completion is None:
+            segments.append(None)
+            continue
+        if history is None or prompt[: len(history)] != history:
+            current += 1
+        segments.append(current)
+        history = prompt + completion
+    return segments
+
+
 def build_report(rollout_id: str, model: str, calls: list[CallRecord]) -> TrajectoryReport:
     """One sample whose ``llm_call_metrics`` are the successful calls in order (a failed
-    call made no agent step); ``final_metrics`` total the usage of every call."""
+    call made no agent step), each with its token segment; ``final_metrics`` total the usage
+    of every call and count the segments (``token_segments``; ``chain_breaks`` is one
+    less: where the agent's conversation was rewritten between calls)."""
     from osmosis_ai.rollout.trajectory.report import SampleReport, TrajectoryReport
 
     ordered = sorted(calls, key=lambda call: call.index)
-    metrics = [call.to_metrics() for call in ordered if call.ok]
+    succeeded = [call for call in ordered if call.ok]
+    segments = token_segments(succeeded)
+    metrics = [call.to_metrics(seg) for call, seg in zip(succeeded, segments, strict=True)]
     usages = [call.usage for call in ordered if call.usage is not None]
     final: dict[str, Any] = {
         "llm_calls": len(ordered),
         "failed_llm_calls": len(ordered) - len(metrics),
     }
+    counted = {segment for segment in segments if segment is not None}
+    if counted:
+        final["token_segments"] = len(counted)
+        final["chain_breaks"] = len(counted) - 1
     for field in ("prompt_tokens", "completion_tokens", "cached_tokens"):
         values = [v for usage in usages if (v := getattr(usage, field)) is not None]
         if values:

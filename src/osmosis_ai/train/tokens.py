@@ -1,9 +1,11 @@
 """Training rows from the token ids the policy proxy recorded, never from re-rendered text.
 
-Calls whose prompts extend the previous prompt + completion form one chain; the tokens in
-between (tool results, user turns) join the completion masked out (``env_mask`` 0). A call
-that rewrites history starts a new chain: the row is the chain with the most model tokens
-and the rest are counted (``chain_breaks``), or in strict mode the run fails.
+Calls whose prompts extend the previous prompt + completion form one chain (a token
+segment, :func:`~osmosis_ai.controller.calls.token_segments`); the tokens in between (tool
+results, user turns) join the completion masked out (``env_mask`` 0). A call that rewrites
+history (a summary, a truncation) starts a new chain, and tokens are never stitched across
+it: :func:`build_rows` makes each chain its own row; :func:`build_row` keeps the chain with
+the most model tokens and counts the rest (``chain_breaks``), or in strict mode fails.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from osmosis_ai.controller.calls import CallRecord
+from osmosis_ai.controller.calls import CallRecord, token_segments
 from osmosis_ai.train.errors import TokenFidelityError
 
 ENV_LOGPROB = 0.0  # placeholder for environment tokens: masked out, never used
@@ -32,6 +34,7 @@ class TrainingRow:
     chain_breaks: int = 0
     truncated: bool = False
     excluded: str | None = None
+    segment: int = 0  # which unbroken token segment of the rollout this row is
 
     @property
     def model_tokens(self) -> int:
@@ -105,15 +108,17 @@ def split_chains(calls: Sequence[CallRecord]) -> tuple[list[Chain], list[ChainBr
     """Group ``calls`` (usable, in order) into append-only chains and the breaks between."""
     chains: list[Chain] = []
     breaks: list[ChainBreak] = []
-    for record in calls:
+    last: int | None = None
+    for record, segment in zip(calls, token_segments(calls), strict=True):
         prompt = record.prompt_token_ids or []
-        chain = chains[-1] if chains else None
-        if chain is not None:
+        if chains:
+            chain = chains[-1]
             history = chain.prompt + chain.completion
-            if prompt[: len(history)] == history:
+            if segment == last:
                 chain.add(record, prompt[len(history) :])
                 continue
             breaks.append(_break(record.index, history, prompt))
+        last = segment
         chain = Chain(record.index, list(prompt))
         chain.add(record, ())
         chains.append(chain)
@@ -146,25 +151,69 @@ def build_row(
     if not candidates:
         return None
     best = max(reversed(candidates), key=lambda chain: chain.model_tokens)  # ties: the later
-    completion, logprobs, mask = best.completion, best.logprobs, best.mask
-    truncated = best.finish_reason == "length"
+    used = sum(chain.calls for chain in chains)
+    return _chain_row(
+        best,
+        reward,
+        max_response_length,
+        segment=chains.index(best),
+        dropped_calls=used - best.calls,
+        chain_breaks=len(breaks),
+    )
+
+
+def build_rows(
+    rollout_id: str,
+    calls: Sequence[CallRecord],
+    reward: float | None,
+    *,
+    max_response_length: int,
+) -> list[TrainingRow]:
+    """One training row per unbroken token segment of one rollout, in call order, each
+    with the rollout's ``reward``: where the agent rewrote its conversation between calls,
+    the calls after the rewrite are a row of their own, never joined to tokens the sampler
+    did not see together. Segments without a model token make no row; each row is cut at
+    ``max_response_length`` on its own (``truncated``)."""
+    chains, breaks = split_chains(usable_calls(rollout_id, calls))
+    rows: list[TrainingRow] = []
+    for segment, chain in enumerate(chains):
+        row = _chain_row(
+            chain, reward, max_response_length, segment=segment, chain_breaks=len(breaks)
+        )
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _chain_row(
+    chain: Chain,
+    reward: float | None,
+    max_response_length: int,
+    *,
+    segment: int,
+    chain_breaks: int,
+    dropped_calls: int = 0,
+) -> TrainingRow | None:
+    """``chain`` as a row cut at ``max_response_length``; ``None`` with no model token."""
+    completion, logprobs, mask = chain.completion, chain.logprobs, chain.mask
+    truncated = chain.finish_reason == "length"
     if len(completion) > max_response_length:
         completion = completion[:max_response_length]
         logprobs, mask = logprobs[:max_response_length], mask[:max_response_length]
         truncated = True
     if not any(mask):
         return None
-    used = sum(chain.calls for chain in chains)
     return TrainingRow(
-        prompt_ids=list(best.prompt),
+        prompt_ids=list(chain.prompt),
         completion_ids=list(completion),
         logprobs=list(logprobs),
         env_mask=list(mask),
         reward=reward,
-        calls=best.calls,
-        dropped_calls=used - best.calls,
-        chain_breaks=len(breaks),
+        calls=chain.calls,
+        dropped_calls=dropped_calls,
+        chain_breaks=chain_breaks,
         truncated=truncated,
+        segment=segment,
     )
 
 
