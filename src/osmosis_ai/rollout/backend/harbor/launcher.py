@@ -29,6 +29,7 @@ __all__ = [
     "Holder",
     "end_holder",
     "kill_group",
+    "kill_in_host_network",
     "last_capability",
     "launcher",
 ]
@@ -199,3 +200,38 @@ class _Launcher:
 
 
 launcher = _Launcher()
+
+
+def kill_in_host_network(holder: Holder) -> int:
+    """SIGKILL every process of the trial (its PID namespace) that runs in this process's
+    network namespace, the host's: what a ``public`` phase left running must not carry the
+    host's network into a restricted one. Returns how many were killed."""
+    trial_pids = _namespace(f"/proc/{holder.pid}/ns/pid")
+    host_net = _namespace("/proc/self/ns/net")
+    killed: set[int] = set()
+    for _ in range(10):  # again while a process forks beside the kills
+        found = 0
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in killed:
+                continue
+            try:
+                if _namespace(f"/proc/{entry.name}/ns/pid") != trial_pids:
+                    continue
+                if _namespace(f"/proc/{entry.name}/ns/net") != host_net:
+                    continue
+                os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                continue
+            killed.add(int(entry.name))
+            found += 1
+        if not found:
+            return len(killed)
+    raise SandboxError(
+        f"processes of the sandbox (holder pid {holder.pid}) kept starting in the host's "
+        "network while its policy was being restricted"
+    )
+
+
+def _namespace(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino

@@ -198,26 +198,50 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class Forwarder:
-    """Relays connections accepted inside the sandbox to endpoints reached from the host."""
+    """The trial's own network namespace seen from the host: the loopback addresses added to
+    it and, per route, a listener inside it whose connections are relayed to the route's
+    endpoint from the host. :meth:`apply` moves it to another set of routes (a new phase's
+    policy): listeners of routes that are gone close, with the connections they relay."""
 
-    def __init__(self) -> None:
-        self._servers: list[asyncio.Server] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+    def __init__(self, netns_path: str) -> None:
+        self._netns = netns_path
+        self._addresses: set[str] = set()
+        self._servers: dict[Route, asyncio.Server] = {}
+        self._tasks: dict[Route, set[asyncio.Task[None]]] = {}
 
-    async def start(self, sockets: Sequence[socket.socket], routes: Sequence[Route]) -> None:
-        for sock, route in zip(sockets, routes, strict=True):
-            server = await asyncio.start_server(
-                lambda r, w, target=route.target: self._relay(r, w, target), sock=sock
+    async def apply(self, routes: Sequence[Route], addresses: Sequence[str]) -> None:
+        for address in addresses:
+            if address not in self._addresses:
+                # the host's own ip, in the trial's network namespace only (the trial's
+                # root has no capability to add addresses)
+                await asyncio.to_thread(add_loopback_address, self._netns, address)
+                self._addresses.add(address)
+        wanted = set(routes)
+        for route in [r for r in self._servers if r not in wanted]:
+            await self._close(route)
+        new = [r for r in dict.fromkeys(routes) if r not in self._servers]
+        if not new:
+            return
+        sockets = await asyncio.to_thread(
+            listen_in_netns, self._netns, [(r.listen_host, r.port) for r in new]
+        )
+        for sock, route in zip(sockets, new, strict=True):
+            self._tasks[route] = set()
+            self._servers[route] = await asyncio.start_server(
+                lambda r, w, route=route: self._relay(r, w, route), sock=sock
             )
-            self._servers.append(server)
 
     async def _relay(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: Endpoint
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, route: Route
     ) -> None:
+        tasks = self._tasks.get(route)
         task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)  # pyright: ignore[reportArgumentType]
+        if tasks is None or task is None:
+            writer.close()
+            return
+        tasks.add(task)  # pyright: ignore[reportArgumentType]
         try:
+            target = route.target
             try:
                 up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
             except OSError:
@@ -229,18 +253,19 @@ class Forwarder:
                 up_writer.close()
                 writer.close()
         finally:
-            if task is not None:
-                self._tasks.discard(task)  # pyright: ignore[reportArgumentType]
+            tasks.discard(task)  # pyright: ignore[reportArgumentType]
+
+    async def _close(self, route: Route) -> None:
+        server = self._servers.pop(route)
+        server.close()
+        for task in list(self._tasks.pop(route, ())):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), timeout=1.0)
 
     async def close(self) -> None:
-        for server in self._servers:
-            server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for server in self._servers:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), timeout=1.0)
-        self._servers.clear()
+        for route in list(self._servers):
+            await self._close(route)
 
 
 def add_loopback_address(netns: str, address: str) -> None:

@@ -99,7 +99,7 @@ from typing import Any, ClassVar
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
-from harbor.models.task.config import NetworkMode
+from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from osmosis_ai.deadlines import SANDBOX_READY, SANDBOX_TRANSFER
 from osmosis_ai.rollout.backend.harbor.dockerfile import (
@@ -125,6 +125,7 @@ from osmosis_ai.rollout.backend.harbor.launcher import (
     Holder,
     end_holder,
     kill_group,
+    kill_in_host_network,
     last_capability,
     launcher,
 )
@@ -132,8 +133,6 @@ from osmosis_ai.rollout.backend.harbor.network import (
     Endpoint,
     Forwarder,
     Route,
-    add_loopback_address,
-    listen_in_netns,
     parse_endpoint,
     plan_routes,
 )
@@ -322,8 +321,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._forwarder: Forwarder | None = None
         self._build = BuildState()
         self._instructions: list[Instruction] = []
-        self._routes: list[Route] = []
-        self._loopback_addresses: list[str] = []
+        self._private_net = False
+        self._hosts_names: dict[str, str] = {}
         if _base_init_accepts("auto_mounting"):
             # Binding the trial's log folders is free here; Harbor then reads them in place.
             kwargs.setdefault("auto_mounting", True)
@@ -343,6 +342,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             network_allowlist_hostnames=True,
             network_allowlist_ipv4_addresses=True,
             mounted=True,
+            **_supported_capabilities(dynamic_network_policy=True),
         )
 
     @classmethod
@@ -571,14 +571,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
         _mirror_owner("/", str(upper))
         os.chown(trial_dir / "tmp", TRIAL_ID_BASE, TRIAL_ID_BASE)
         (trial_dir / "tmp").chmod(0o1777)
-        restricted = self._network_mode() != NetworkMode.PUBLIC
-        allowed = (
-            list(self.network_policy.allowed_hosts)
-            if self._network_mode() == NetworkMode.ALLOWLIST
-            else []
-        )
-        routes, names, addresses = plan_routes(self._forward if restricted else (), allowed)
-        self._routes, self._loopback_addresses = routes, addresses
+        # a network namespace of its own whenever some phase is restricted: the commands of
+        # a restricted phase run in it, those of a public one in the host's
+        self._private_net = any(p.network_mode != NetworkMode.PUBLIC for p in self._policies())
+        _, names, _ = self._plan(self.network_policy)
         if names:
             self._write_hosts_file(upper, names)
         root_dev = os.stat("/").st_dev
@@ -619,7 +615,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             "--cap-drop", "ALL",
             "--chdir", "/",
         ]  # fmt: skip
-        if self._network_mode() != NetworkMode.PUBLIC:
+        if self._private_net:
             bwrap.append("--unshare-net")
         return bwrap
 
@@ -637,32 +633,79 @@ class LocalSandboxEnvironment(BaseEnvironment):
             paths.append(trials)
         return paths
 
+    def _policies(self) -> list[NetworkPolicy]:
+        """The policy the sandbox starts with and those of the phases Harbor announced."""
+        phases = getattr(self, "_phase_network_policies", None) or []
+        return [self.network_policy, *phases]
+
+    def _plan(self, policy: NetworkPolicy) -> tuple[list[Route], dict[str, str], list[str]]:
+        """What ``policy`` keeps reachable in the trial's own network: its forwarding routes,
+        the ``/etc/hosts`` names of allowed hosts, the loopback addresses to add."""
+        if policy.network_mode == NetworkMode.PUBLIC:
+            return [], {}, []
+        allowed = list(policy.allowed_hosts) if policy.network_mode == NetworkMode.ALLOWLIST else []
+        return plan_routes(self._forward, allowed)
+
     def _write_hosts_file(self, upper: Path, names: dict[str, str]) -> None:
-        try:
-            base = Path("/etc/hosts").read_text()
-        except OSError:
-            base = "127.0.0.1 localhost\n"
-        lines = [base.rstrip("\n"), "# forwarded by the local sandbox"]
-        lines += [f"{address} {name}" for name, address in names.items()]
         _mirror_parents(str(upper), "/etc/hosts")
         hosts = upper / "etc" / "hosts"
-        hosts.write_text("\n".join(lines) + "\n")
+        hosts.write_text(_hosts_text(names))
         os.chown(hosts, TRIAL_ID_BASE, TRIAL_ID_BASE)
+        self._hosts_names = dict(names)
 
     async def _start_forwarding(self) -> None:
-        routes = self._routes
-        if not routes or self._holder is None:
+        if not self._private_net or self._holder is None:
             return
-        netns = f"/proc/{self._holder.pid}/ns/net"
-        for address in self._loopback_addresses:
-            # the host's own ip, in the trial's network namespace only (the trial's root has
-            # no capability to add addresses)
-            await asyncio.to_thread(add_loopback_address, netns, address)
-        sockets = await asyncio.to_thread(
-            listen_in_netns, netns, [(r.listen_host, r.port) for r in routes]
-        )
-        self._forwarder = Forwarder()
-        await self._forwarder.start(sockets, routes)
+        self._forwarder = Forwarder(f"/proc/{self._holder.pid}/ns/net")
+        routes, _, addresses = self._plan(self.network_policy)
+        await self._forwarder.apply(routes, addresses)
+
+    async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
+        """Switch the running sandbox to ``network_policy`` (Harbor calls this between
+        phases; not started yet, :meth:`start` applies whatever policy is current then).
+
+        A restricted policy's commands run in the trial's own network namespace, a public
+        one's in the host's. Restricting a public sandbox kills the processes its public
+        phase left running (they would keep the host's network, a tmux server say); moving
+        between ``no-network`` and ``allowlist`` opens or closes forwarded hosts and their
+        connections, and rewrites ``/etc/hosts``.
+        """
+        holder = self._holder
+        if holder is None:
+            return
+        restricted = network_policy.network_mode != NetworkMode.PUBLIC
+        if restricted and (not self._private_net or self._forwarder is None):
+            raise SandboxError(
+                f"sandbox {self.session_id} started with only the host's network (Harbor "
+                f"announced no restricted phase), so it cannot switch to "
+                f"{network_policy.network_mode.value!r}"
+            )
+        if restricted and self._network_mode() == NetworkMode.PUBLIC:
+            await asyncio.to_thread(kill_in_host_network, holder)
+        routes, names, addresses = self._plan(network_policy)
+        if self._forwarder is not None:
+            await self._forwarder.apply(routes, addresses)
+        if names != self._hosts_names:
+            with tempfile.TemporaryFile() as content:
+                content.write(_hosts_text(names).encode())
+                content.seek(0)
+                result = await self._run(
+                    "cat > /etc/hosts",
+                    cwd="/",
+                    env=self._command_env(None),
+                    timeout_sec=60,
+                    user="root",
+                    shell="/bin/sh",
+                    stdin=content,
+                    private_net=restricted,
+                )
+            if result.return_code != 0:
+                raise SandboxError(
+                    f"sandbox {self.session_id}: rewriting /etc/hosts for the "
+                    f"{network_policy.network_mode.value!r} policy failed: "
+                    f"{(result.stderr or '').strip()}"
+                )
+            self._hosts_names = dict(names)
 
     async def _apply_dockerfile(self) -> list[str]:
         """Apply the Dockerfile; returns WORKDIR folders still to create (one exec for all)."""
@@ -769,6 +812,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         stdout: Any = None,
         shell: str = "bash",
         mkdirs: list[str] | None = None,
+        private_net: bool | None = None,
     ) -> ExecResult:
         holder = self._holder
         if holder is None or self._trial_dir is None:
@@ -781,6 +825,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
             "argv": [shell_path, "-c", command],
             "env": env,
             "mkdirs": mkdirs or [],
+            "private_net": (
+                self._network_mode() != NetworkMode.PUBLIC if private_net is None else private_net
+            ),
         }
         io_dir = self._trial_dir / "io"
         token = uuid.uuid4().hex
@@ -892,6 +939,26 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
 
 # -- small helpers ---------------------------------------------------------------------------
+
+
+def _hosts_text(names: dict[str, str]) -> str:
+    """The host's ``/etc/hosts`` with the forwarded names of allowed hosts after it."""
+    try:
+        base = Path("/etc/hosts").read_text()
+    except OSError:
+        base = "127.0.0.1 localhost\n"
+    if not names:
+        return base
+    lines = [base.rstrip("\n"), "# forwarded by the local sandbox"]
+    lines += [f"{address} {name}" for name, address in names.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _supported_capabilities(**wanted: bool) -> dict[str, bool]:
+    """Those of ``wanted`` that the installed Harbor's ``EnvironmentCapabilities`` knows
+    (older ones lack ``dynamic_network_policy``, for one)."""
+    fields = getattr(EnvironmentCapabilities, "model_fields", {})
+    return {name: value for name, value in wanted.items() if name in fields}
 
 
 def _safe(name: str) -> str:
@@ -1014,9 +1081,7 @@ def _download_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo
 @functools.cache
 def _runtime_paths() -> tuple[str, ...]:
     """This interpreter's environment and installation and the SDK's own folder."""
-    import osmosis_ai
-
-    package = Path(osmosis_ai.__file__).parents[1]
+    package = Path(__file__).parents[4]  # src/osmosis_ai/rollout/backend/harbor/sandbox.py
     return tuple(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, package))
 
 

@@ -17,7 +17,8 @@ mount namespace the host root is cloned as an idmapped mount (host uid ``n`` sho
 inside) under an overlay with the trial's upper folder; the child then becomes root of that
 namespace and executes bubblewrap, which builds the trial's root from the overlay and
 starts the holder process with no capabilities and ``no_new_privs``. Once the holder says
-ready, the helper joins the trial's namespaces and root and serves commands
+ready, the helper joins the trial's namespaces (all but its network: a command joins that
+itself, or stays in the host's for a ``public`` phase) and root and serves commands
 (:func:`serve`): for each, a forked child (in the trial's PID namespace) drops every
 capability (bounding, ambient, inheritable, permitted, effective), locks the securebits so
 that root inside regains none on exec, switches to the named user with that user's groups
@@ -304,7 +305,7 @@ def run_holder(spec: dict[str, Any]) -> None:
         _wait_ready(said_r, int(spec["ready_timeout_ms"]))
         init = _first_child(bwrap_pid)
         holder = _first_child(init)
-        _enter(holder)
+        net = _enter(holder)
     except BaseException as exc:
         os.kill(bwrap_pid, _signal.SIGKILL)
         _send(control_fd, f"error {exc}")
@@ -313,7 +314,7 @@ def run_holder(spec: dict[str, Any]) -> None:
         for fd in (ready_r, go_w, said_r):
             os.close(fd)
     _send(control_fd, f"ok {init} {holder}")
-    serve(control_fd, bwrap_pid, int(spec["last_cap"]))
+    serve(control_fd, bwrap_pid, int(spec["last_cap"]), net)
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -370,21 +371,30 @@ def _drop_privileges(uid: int, gid: int, groups: list[int], last_cap: int) -> No
     _check(_prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "setting no_new_privs")
 
 
-def _enter(pid: int) -> None:
-    """Join the namespaces and the root of the trial process ``pid`` (this process only)."""
+def _enter(pid: int) -> int | None:
+    """Join the namespaces and the root of the trial process ``pid`` (this process only),
+    all but its network: returns a descriptor of the trial's own network namespace (None when
+    the trial shares the host's), which each command's child joins when its spec says
+    ``private_net``. This process stays in the host's network, so that a trial whose policy
+    changes between phases can start a ``public`` phase's commands there."""
+    net_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    theirs, ours = os.fstat(net_fd), os.stat("/proc/self/ns/net")
+    net: int | None = net_fd
+    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+        os.close(net_fd)
+        net = None
     namespaces: list[tuple[int, int, str]] = []
     for name, flag in (
         ("user", CLONE_NEWUSER),
         ("mnt", CLONE_NEWNS),
         ("uts", CLONE_NEWUTS),
         ("ipc", CLONE_NEWIPC),
-        ("net", CLONE_NEWNET),
         ("pid", CLONE_NEWPID),
     ):
         fd = os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
         theirs, ours = os.fstat(fd), os.stat(f"/proc/self/ns/{name}")
         if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
-            os.close(fd)  # shared with the host (the network of a ``public`` trial)
+            os.close(fd)  # shared with the host
             continue
         namespaces.append((fd, flag, name))
     root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -395,10 +405,15 @@ def _enter(pid: int) -> None:
     _check(_chroot(b"."), "entering the sandbox's root")
     os.close(root)
     os.chdir("/")
+    return net
 
 
-def _start_command(spec: dict[str, Any], stdio: list[int], last_cap: int) -> int:
-    """Fork the child that runs one command unprivileged; returns its pid."""
+def _start_command(spec: dict[str, Any], stdio: list[int], last_cap: int, net: int | None) -> int:
+    """Fork the child that runs one command unprivileged; returns its pid. With
+    ``private_net`` the child joins the trial's own network namespace (``net``) first."""
+    private_net = bool(spec.get("private_net"))
+    if private_net and net is None:
+        raise SetupError("this sandbox has no network of its own (it started public only)")
     user = spec.get("user")
     env = {str(k): str(v) for k, v in spec["env"].items()}
     if user is None:
@@ -413,6 +428,8 @@ def _start_command(spec: dict[str, Any], stdio: list[int], last_cap: int) -> int
     if child == 0:
         try:
             os.setsid()
+            if net is not None and private_net:
+                _check(_setns(net, CLONE_NEWNET), "entering the sandbox's network namespace")
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
             os.closerange(3, 1 << 20)
@@ -462,13 +479,14 @@ def _receive_fds(control: Any) -> tuple[bytes, list[int]]:
     return data, fds
 
 
-def serve(control_fd: int, bwrap_pid: int, last_cap: int) -> None:
+def serve(control_fd: int, bwrap_pid: int, last_cap: int, net: int | None) -> None:
     """Run commands in the trial (already joined) on request until the host hangs up or the
     trial ends.
 
     Every message on the control socket (SOCK_SEQPACKET) carries five descriptors: the
-    command's spec (a marshalled mapping of ``user``, ``cwd``, ``argv``, ``env`` and
-    ``mkdirs``, folders to create instead of running ``argv``), its stdin,
+    command's spec (a marshalled mapping of ``user``, ``cwd``, ``argv``, ``env``,
+    ``mkdirs``, folders to create instead of running ``argv``, and ``private_net``, whether
+    it runs in the trial's own network namespace rather than the host's), its stdin,
     stdout and stderr, and a reply socket that gets ``pid N`` once the command runs (its pid
     on the host, a session of its own) and ``exit CODE`` when it ends (128 + signal when
     killed), or ``error TEXT`` if it could not start.
@@ -500,7 +518,7 @@ def serve(control_fd: int, bwrap_pid: int, last_cap: int) -> None:
                 continue
             spec_fd, stdio, reply = fds[0], fds[1:4], fds[4]
             try:
-                child = _start_command(_read_spec(spec_fd), stdio, last_cap)
+                child = _start_command(_read_spec(spec_fd), stdio, last_cap, net)
             except (SetupError, OSError, KeyError, ValueError, EOFError, TypeError) as exc:
                 _send(reply, f"error {exc}")
                 os.close(reply)
