@@ -40,7 +40,7 @@ Layout (server parts need the ``platform`` extra and are imported only when used
     api/inference.py the OpenAI-compatible /v1 endpoint of deployed LoRA models (platform
                      token or workspace serving key), routed by model name to
     serving.py       the deployment manager: one model server per deployed model
-                     (serving_policy.py, the local policy server; or vLLM on a GPU)
+                     (controller/policy, the local policy server; or vLLM on a GPU)
     web/device.py    the /device page that approves a device login (CSRF, escaped HTML)
     web/dashboard.py the dashboard at / (sign-in with email + token; runs, training and eval
                      run pages, datasets, models, secrets, members); see web/__init__.py

@@ -7,7 +7,7 @@ each deployed model (``deployment_status = 'active'``) it
   (``runs/<run>/checkpoints/step-<N>/``) are copied, whole or not at all, into
   ``<data dir>/deployments/<model id>/checkpoint/`` (kept while the source is unchanged);
 * starts a model server on 127.0.0.1: the local policy server
-  (:mod:`osmosis_ai.platform.serving_policy`, torch on CPU, or on ``cuda`` when
+  (:mod:`osmosis_ai.controller.policy`, torch on CPU, or on ``cuda`` when
   ``OSMOSIS_PLATFORM_SERVING_DEVICE`` says so), or vLLM (:func:`choose_engine`: a GPU and
   the ``vllm`` package, or ``OSMOSIS_PLATFORM_SERVING_ENGINE=vllm``); its log is
   ``<data dir>/deployments/<model id>/server.log``;
@@ -365,8 +365,9 @@ class DeploymentManager:
         argv = [
             sys.executable,
             "-m",
-            "osmosis_ai.platform.serving_policy",
+            "osmosis_ai.controller.policy",
             str(checkpoint),
+            "--exit-on-stdin-eof",
             "--name",
             spec.name,
             "--device",

@@ -73,7 +73,8 @@ class LocalPolicy:
     (default: float32 on CPU, the checkpoint's dtype elsewhere). ``max_model_len`` bounds
     prompt plus completion (default: the model's ``max_position_embeddings``); a completion
     that would pass it is cut short (``finish_reason`` ``"length"``). ``seed`` makes the
-    requests that carry no seed reproducible as a sequence.
+    requests that carry no seed reproducible as a sequence. A LoRA adapter folder is merged
+    into ``base`` (a model folder), else into the base model its config names.
     """
 
     def __init__(
@@ -85,14 +86,17 @@ class LocalPolicy:
         max_model_len: int | None = None,
         seed: int | None = None,
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        base: str | Path | None = None,
     ) -> None:
         from osmosis_ai.controller.policy.adapter import is_adapter, load_merged
 
         path = Path(model_dir).expanduser()
         resolved = _dtype(dtype, device)
         model: Any
-        if is_adapter(path):  # a LoRA checkpoint: merged into the base model it names
-            model, tokenizer = load_merged(path, dtype=resolved)
+        if is_adapter(path):  # a LoRA checkpoint: merged into ``base``, else the one it names
+            model, tokenizer = load_merged(
+                path, base=Path(base).expanduser() if base else None, dtype=resolved
+            )
         else:
             _check_model_dir(path)
             try:
