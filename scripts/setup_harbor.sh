@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create or refresh .venv-harbor: Python 3.12+ with the harbor extra, for the Harbor test tier
 # (`make test-harbor`). Harbor needs Python >= 3.12, so this tier lives beside the 3.11 .venv.
+# HARBOR_VERSION=0.20.0 makes .venv-harbor-020 instead, with that Harbor pinned (the tier runs
+# on the oldest and the newest Harbor the extra accepts).
 # Skips the install when pyproject.toml has not changed since the last successful one.
 # Installs bubblewrap (the local sandbox's runner), iproute2 (its allowlist addresses) and tmux
 # (terminus-2's terminal) with apt-get when they are missing and we are root. The sandbox also
@@ -9,8 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras="${OSMOSIS_HARBOR_EXTRAS:-server,harbor,strands,openai-agents,test}"
+harbor_version="${HARBOR_VERSION:-}"
 venv=".venv-harbor"
-stamp="$venv/.osmosis-setup-$(echo "$extras" | tr ',' '-')"
+if [ -n "$harbor_version" ]; then
+  venv=".venv-harbor-$(echo "$harbor_version" | cut -d. -f1-2 | tr -d .)" # 0.20.0: -020
+fi
+stamp="$venv/.osmosis-setup-$(echo "$extras" | tr ',' '-')${harbor_version:+-harbor-$harbor_version}"
 
 find_python() {
   if [ -n "${PYTHON_HARBOR:-}" ]; then
@@ -65,5 +71,6 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
 fi
 echo "setup-harbor: installing osmosis-ai[$extras] into $venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[$extras]"
+# one resolution: the pinned Harbor's own requirements steer the rest
+"$venv/bin/python" -m pip install --quiet -e ".[$extras]" ${harbor_version:+"harbor==$harbor_version"}
 echo "$digest" > "$stamp"

@@ -115,9 +115,7 @@ async def test_a_public_sandbox_switches_to_no_network_and_back(
     environments: list[LocalSandboxEnvironment],
     host_port: int,
 ):
-    env = make_env(
-        tmp_path, task_builder, environments, network_policy=PUBLIC, phases=[NO_NETWORK]
-    )
+    env = make_env(tmp_path, task_builder, environments, network_policy=PUBLIC, phases=[NO_NETWORK])
     await env.start(force_build=False)
     assert await reach(env, host_port) == "reached"
     # a process the public phase leaves running (a tmux server, say) holds the host's network
@@ -142,9 +140,7 @@ async def test_a_public_sandbox_switches_to_no_network_and_back(
 async def test_a_phase_switch_takes_well_under_50ms(
     tmp_path: Path, task_builder: Callable[..., Path], environments: list[LocalSandboxEnvironment]
 ):
-    env = make_env(
-        tmp_path, task_builder, environments, network_policy=PUBLIC, phases=[NO_NETWORK]
-    )
+    env = make_env(tmp_path, task_builder, environments, network_policy=PUBLIC, phases=[NO_NETWORK])
     await env.start(force_build=False)
     took: list[float] = []
     for policy in [NO_NETWORK, PUBLIC] * 5:

@@ -102,6 +102,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from osmosis_ai.deadlines import SANDBOX_READY, SANDBOX_TRANSFER
+from osmosis_ai.rollout.backend.harbor.compat import check_task
 from osmosis_ai.rollout.backend.harbor.dockerfile import (
     SKIPPED,
     BuildState,
@@ -352,6 +353,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     def _validate_definition(self) -> None:
         env_dir = Path(self.environment_dir)
+        check_task(env_dir.parent)
         if self.task_env_config.docker_image:
             raise UnsupportedDockerfileError(
                 f"task environment {env_dir} names the prebuilt image "

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from osmosis_ai.errors import OsmosisError
+from osmosis_ai.rollout.backend.harbor.compat import check_task
+from osmosis_ai.rollout.backend.harbor.errors import HarborFeatureUnsupportedError
 from osmosis_ai.rollout.container.files import GRADER_SPEC_NAME, GraderSpec
 
 _PACKAGE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.:-]+)?$")
@@ -61,7 +63,8 @@ def find_symlink(root: Path) -> Path | None:
 
 
 def check_task_dir(path: Path) -> Path:
-    """``path`` when it is a task folder without symlinks, else :class:`TaskSelectionError`."""
+    """``path`` when it is a task folder without symlinks whose features the installed Harbor
+    runs, else :class:`TaskSelectionError`."""
     if not path.is_dir() or not is_task_dir(path):
         raise TaskSelectionError(f"{path} is not a Harbor task folder (no task.toml)")
     link = find_symlink(path)
@@ -70,6 +73,10 @@ def check_task_dir(path: Path) -> Path:
             f"task folder {path} contains a symlink ({link}); task folders may not contain "
             "symlinks: copy the file in instead"
         )
+    try:
+        check_task(path)
+    except HarborFeatureUnsupportedError as exc:
+        raise TaskSelectionError(str(exc)) from None
     return path
 
 
