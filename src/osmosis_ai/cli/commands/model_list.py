@@ -10,6 +10,7 @@ import argparse
 
 from osmosis_ai.cli import records
 from osmosis_ai.cli.output import Column, Context, ListResult, Result, SectionedListResult
+from osmosis_ai.cli.platform_list import page_result
 from osmosis_ai.cli.platform_session import (
     Session,
     add_list_arguments,
@@ -63,14 +64,7 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
 
 def _base(session: Session, limit: int, fetch_all: bool) -> ListResult:
     page = session.client.fetch("/api/cli/models/base", "models", limit=limit, fetch_all=fetch_all)
-    return ListResult(
-        title="Base models",
-        items=[records.base_model(item) for item in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
-        columns=BASE_COLUMNS,
-    )
+    return page_result(page, title="Base models", record=records.base_model, columns=BASE_COLUMNS)
 
 
 def _lora(session: Session, limit: int, fetch_all: bool) -> tuple[ListResult, dict[str, object]]:
@@ -85,12 +79,5 @@ def _lora(session: Session, limit: int, fetch_all: bool) -> tuple[ListResult, di
             "max_active_deployments": page.body.get("max_active_deployments", 0),
         }
         columns.append(Column("deployment_status", "Deployment"))
-    result = ListResult(
-        title="Trained models",
-        items=[records.lora_model(item) for item in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
-        columns=columns,
-    )
+    result = page_result(page, title="Trained models", record=records.lora_model, columns=columns)
     return result, quota

@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 
 from osmosis_ai.cli import records
-from osmosis_ai.cli.output import Column, Context, ListResult, Result
-from osmosis_ai.cli.platform_session import add_list_arguments, list_options, open_session
+from osmosis_ai.cli.output import Column, Context, Result
+from osmosis_ai.cli.platform_list import list_resource
+from osmosis_ai.cli.platform_session import add_list_arguments
+
+COLUMNS = [
+    Column("name", "Name"),
+    Column("last_synced_commit_sha", "Commit"),
+    Column("created_at", "Created"),
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,29 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
-    limit, fetch_all = list_options(args)
     branch: str | None = args.branch or None
-    with open_session(ctx) as session:
-        page = session.client.fetch(
-            "/api/cli/rollouts",
-            "rollouts",
-            limit=limit,
-            fetch_all=fetch_all,
-            params={"branch": branch} if branch else None,
-        )
-    extra = session.result_context()
-    if branch:
-        extra["branch"] = branch
-    return ListResult(
+    return list_resource(
+        args,
+        ctx,
+        "/api/cli/rollouts",
+        "rollouts",
         title="Rollouts",
-        items=[records.rollout(item) for item in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
-        columns=[
-            Column("name", "Name"),
-            Column("last_synced_commit_sha", "Commit"),
-            Column("created_at", "Created"),
-        ],
-        extra=extra,
+        record=records.rollout,
+        columns=COLUMNS,
+        params={"branch": branch} if branch else None,
+        extra=(lambda _: {"branch": branch}) if branch else None,
     )

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from osmosis_ai.cli import records
-from osmosis_ai.cli.output import Column, Context, ListResult, Result
-from osmosis_ai.cli.platform_session import add_list_arguments, list_options, open_session
+from osmosis_ai.cli.output import Column, Context, Result
+from osmosis_ai.cli.platform_list import list_resource
+from osmosis_ai.cli.platform_session import add_list_arguments
+
+if TYPE_CHECKING:
+    from osmosis_ai.platform.client import Page
 
 WIRE_SCOPES = {"all": "all", "workspace": "workspace", "personal": records.WIRE_PERSONAL}
+COLUMNS = [
+    Column("name", "Name"),
+    Column("scope", "Scope"),
+    Column("updated_at", "Updated"),
+    Column("updater_name", "Updated by"),
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,30 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> Result:
-    limit, fetch_all = list_options(args)
-    with open_session(ctx) as session:
-        page = session.client.fetch(
-            "/api/cli/environment-secrets",
-            "environment_secrets",
-            limit=limit,
-            fetch_all=fetch_all,
-            params={"scope": WIRE_SCOPES[args.scope]},
-        )
-    extra = session.result_context()
-    url = page.body.get("platform_url")
-    if isinstance(url, str) and url:
-        extra["platform_url"] = url
-    return ListResult(
+    return list_resource(
+        args,
+        ctx,
+        "/api/cli/environment-secrets",
+        "environment_secrets",
         title="Secrets",
-        items=[records.secret(item) for item in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
-        columns=[
-            Column("name", "Name"),
-            Column("scope", "Scope"),
-            Column("updated_at", "Updated"),
-            Column("updater_name", "Updated by"),
-        ],
-        extra=extra,
+        record=records.secret,
+        columns=COLUMNS,
+        params={"scope": WIRE_SCOPES[args.scope]},
+        extra=_platform_url,
     )
+
+
+def _platform_url(page: Page) -> dict[str, object]:
+    url = page.body.get("platform_url")
+    return {"platform_url": url} if isinstance(url, str) and url else {}
