@@ -6,20 +6,11 @@ import argparse
 import os
 from pathlib import Path
 
+from osmosis_ai.cli.arguments import positive_int
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.cli.output import Context, OperationResult, Result
 
 RESULT_FILE = "rubric_eval_result.json"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _positive_float(text: str) -> float:
@@ -58,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-n",
         "--number",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="judge runs per record (default 1)",

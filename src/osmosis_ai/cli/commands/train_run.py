@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from osmosis_ai.cli.arguments import positive_int, whole_number
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.cli.output import Context, OperationResult, Result
 
@@ -22,24 +23,7 @@ if TYPE_CHECKING:
 DEFAULT_DEMO_DIR = "osmosis-demo"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (one per node) or more, got {value}")
-    return value
+_count = whole_number(0, rule="must be 0 (one per node) or more")  # of workers or servers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,16 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o", "--output", type=Path, metavar="DIR", help="runs folder (.osmosis/training/)"
     )
     parser.add_argument("--dataset-file", type=Path, metavar="PATH", help="use this dataset")
-    parser.add_argument("--max-steps", type=_positive_int, metavar="N", help="stop after N steps")
+    parser.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps")
     parser.add_argument(
         "--micro-batch-size",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="split each step's completions into chunks of N (less memory)",
     )
     parser.add_argument(
         "--resume-every",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="save the resumable state every N steps (default 1: a kill loses one step)",
@@ -74,13 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fail when an agent's model calls do not extend one another (default: train "
         "on the longest append-only chain and count the rest)",
     )
-    parser.add_argument("--eval-rows", type=_positive_int, metavar="N", help="validation rows")
+    parser.add_argument("--eval-rows", type=positive_int, metavar="N", help="validation rows")
     parser.add_argument(
-        "--eval-samples", type=_positive_int, default=1, metavar="N", help="samples per row"
+        "--eval-samples", type=positive_int, default=1, metavar="N", help="samples per row"
     )
-    parser.add_argument("--threads", type=_positive_int, metavar="N", help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, metavar="N", help="torch CPU threads")
     parser.add_argument("--device", metavar="DEV", help="cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--rollout-port", type=_positive_int, metavar="PORT")
+    parser.add_argument("--rollout-port", type=positive_int, metavar="PORT")
     parser.add_argument(
         "--ray",
         nargs="?",
