@@ -24,12 +24,13 @@ from typing import Any
 
 from osmosis_ai.controller.rollout_process import RolloutServerError, RolloutServerProcess
 from osmosis_ai.distributed.cluster import ClusterError, require_ray
+from osmosis_ai.errors import OsmosisError
 
 __all__ = [
     "SERVER_CPUS",
     "FleetDirectory",
     "FleetSpec",
-    "FleetStartCancelled",
+    "FleetStartCancelledError",
     "RolloutFleet",
     "ServerInfo",
     "ServerState",
@@ -81,7 +82,7 @@ class ServerState:
     actor_gone: bool = False
 
 
-class FleetStartCancelled(Exception):
+class FleetStartCancelledError(OsmosisError):
     """:meth:`RolloutFleet.start` was asked to stop before every server was up (the servers
     that did start are stopped again)."""
 
@@ -215,7 +216,7 @@ class RolloutFleet:
     def start(self, should_stop: Callable[[], bool] | None = None) -> list[ServerInfo]:
         """Start every server (in parallel) and wait until each is healthy: at most the
         server's health timeout plus the wait for a node's resources, and only while
-        ``should_stop`` says no (:class:`FleetStartCancelled` when it says yes)."""
+        ``should_stop`` says no (:class:`FleetStartCancelledError` when it says yes)."""
         ray = require_ray("a rollout server fleet")
         for node in self.place():
             self._actors.append(self._actor(node, len(self._actors), soft=True))
@@ -229,7 +230,9 @@ class RolloutFleet:
                 if len(ready) == len(pending):
                     break
                 if should_stop is not None and should_stop():
-                    raise FleetStartCancelled("asked to stop while the rollout servers started")
+                    raise FleetStartCancelledError(
+                        "asked to stop while the rollout servers started"
+                    )
                 if time.monotonic() > deadline:
                     raise ClusterError(
                         f"{self.servers - len(ready)} of {self.servers} rollout server(s) were "
@@ -238,7 +241,7 @@ class RolloutFleet:
                         "holds it), or the server is slow to start (see its output in the log)"
                     )
             self.infos = list(ray.get(pending))
-        except (FleetStartCancelled, ClusterError):
+        except (FleetStartCancelledError, ClusterError):
             self.stop()
             raise
         except Exception as exc:

@@ -45,7 +45,8 @@ from typing import Any
 
 from osmosis_ai.deadlines import TRAIN_STEP
 from osmosis_ai.distributed.cluster import LOCAL, connect, require_ray
-from osmosis_ai.distributed.fleet import FleetStartCancelled
+from osmosis_ai.distributed.fleet import FleetStartCancelledError
+from osmosis_ai.errors import OsmosisError
 from osmosis_ai.train import engine
 from osmosis_ai.train.errors import RayTrainError, TrainingError
 from osmosis_ai.train.events import StepEvent, TrainEvent, ValidationEvent
@@ -87,7 +88,7 @@ class DriverSession(Session):
             if self.stop.requested:
                 raise _stop_early(self)
             return _place(self, ask)
-        except _StoppedEarly:
+        except _StoppedEarlyError:
             return _ended_early(self)
         finally:
             connection.close()
@@ -105,14 +106,14 @@ class DriverSession(Session):
         self.model = self.tokenizer = None
 
 
-class _StoppedEarly(Exception):
+class _StoppedEarlyError(OsmosisError):
     """A stop request (Ctrl-C) came before the first step: the run ends at once."""
 
 
-def _stop_early(run: DriverSession) -> _StoppedEarly:
+def _stop_early(run: DriverSession) -> _StoppedEarlyError:
     """Say at once that the run ends (the servers and actors stop after it)."""
     run.stage("interrupted before the first step of this run: nothing new to save")
-    return _StoppedEarly()
+    return _StoppedEarlyError()
 
 
 def _ended_early(run: DriverSession) -> str:
@@ -133,7 +134,7 @@ def _place(run: DriverSession, ask: Ask) -> str:
     try:
         try:
             fleet.start(should_stop=lambda: run.stop.requested)
-        except FleetStartCancelled as exc:
+        except FleetStartCancelledError as exc:
             raise _stop_early(run) from exc
         if run.stop.requested:
             raise _stop_early(run)
@@ -321,7 +322,7 @@ class _WatchReader:
 def _abort(watch: Any) -> None:
     """End Ray Train's controller and, with it, the worker group it owns: killed, not asked
     (while it waits for the group's resources it answers no call); one that has not started
-    yet ends itself as it starts (:class:`~osmosis_ai.train.ray.watch.RunAborted`)."""
+    yet ends itself as it starts (:class:`~osmosis_ai.train.ray.watch.RunAbortedError`)."""
     import ray
 
     try:

@@ -66,7 +66,7 @@ class TrainingFleet:
 
     def start(self, should_stop: Callable[[], bool] | None = None) -> list[str]:
         """Start every server and the directory; returns the servers' URLs
-        (:class:`~osmosis_ai.distributed.fleet.FleetStartCancelled` once ``should_stop``)."""
+        (:class:`~osmosis_ai.distributed.fleet.FleetStartCancelledError` once ``should_stop``)."""
         import ray
 
         self.run.stage(f"starting {self.wanted} rollout server(s) across the cluster")

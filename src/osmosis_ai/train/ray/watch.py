@@ -17,7 +17,9 @@ from typing import Any
 
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
-__all__ = ["ControllerLookout", "FitWatch", "RunAborted", "Sighting"]
+from osmosis_ai.train.errors import TrainingError
+
+__all__ = ["ControllerLookout", "FitWatch", "RunAbortedError", "Sighting"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Sighting:
     stalled: Any = None  # the TrainerStepStalledError a worker failed with, if one did
 
 
-class RunAborted(Exception):
+class RunAbortedError(TrainingError):
     """The driver ended the run before the controller started (a Ctrl-C before the first
     step): the controller ends as it starts, before it places any worker."""
 
@@ -113,7 +115,7 @@ class ControllerLookout(ControllerCallback):
 
         me = ray.get_runtime_context().current_actor
         if ray.get(self.watch.started.remote(me), timeout=60):  # (once, before any placement)
-            raise RunAborted("the run was stopped before Ray Train's controller started")
+            raise RunAbortedError("the run was stopped before Ray Train's controller started")
 
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
         name = type(current_state).__name__.removesuffix("State")
