@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -49,10 +50,16 @@ SLOW_UV = """#!/bin/sh
 echo $$ > "{marks}/uv-$1"
 exec sleep 600
 """
-# A post-checkout hook (core.hooksPath in the worker's global Git config): a slow checkout.
-SLOW_HOOK = """#!/bin/sh
-echo $$ > "{marks}/checkout"
-exec sleep 600
+# A stand-in git ahead of the real one on the worker's PATH: a slow checkout (hooks, which
+# would be the other way, never run: the platform's git calls turn them off).
+SLOW_GIT = """#!/bin/sh
+for arg in "$@"; do
+    if [ "$arg" = checkout ]; then
+        echo $$ > "{marks}/checkout"
+        exec sleep 600
+    fi
+done
+exec {git} "$@"
 """
 SLOW_GRADE = """
         (Path({marks!r}) / f"grading-{{os.getpid()}}").write_text("")
@@ -143,13 +150,13 @@ class Lab(Deployment):
         return self.worker(PATH=f"{bin_dir}{os.pathsep}{self.env['PATH']}")
 
     def slow_checkout_worker(self) -> subprocess.Popen[str]:
-        hooks = self.root / "hooks"
-        hooks.mkdir(exist_ok=True)
-        (hooks / "post-checkout").write_text(SLOW_HOOK.format(marks=self.marks))
-        (hooks / "post-checkout").chmod(0o755)
-        config = self.root / "worker.gitconfig"
-        config.write_text(f"[core]\n\thooksPath = {hooks}\n")
-        return self.worker(GIT_CONFIG_GLOBAL=str(config))
+        bin_dir = self.root / "slow-git"
+        bin_dir.mkdir(exist_ok=True)
+        real = shutil.which("git")
+        assert real is not None
+        (bin_dir / "git").write_text(SLOW_GIT.format(marks=self.marks, git=real))
+        (bin_dir / "git").chmod(0o755)
+        return self.worker(PATH=f"{bin_dir}{os.pathsep}{self.env['PATH']}")
 
     def stop_workers(self) -> None:
         for process in self.workers:

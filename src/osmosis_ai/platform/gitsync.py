@@ -1,11 +1,13 @@
 """Git sync: keep a bare mirror of a workspace repository and read its rollouts.
 
 The mirror lives under the data dir (``git/<workspace id>.git``), made with
-``git clone --mirror`` and refreshed with ``git fetch --prune``; every git call has a timeout,
-never prompts, and is serialized per mirror by a file lock. A rollout is a folder
-``rollouts/<name>/`` holding ``main.py``; its description is its ``pyproject.toml``'s
-``project.description``, else the first line of its README. Error text never carries the
-credentials a clone URL may hold.
+``git clone --mirror`` and refreshed with ``git fetch --prune``; work on one mirror is
+serialized by a file lock. Every git call of the platform (here and in the workers'
+checkouts) goes through :func:`run_git`: a timeout, no prompt, no hooks, no system or global
+git configuration, only the allowed transports. A rollout is a folder ``rollouts/<name>/``
+holding ``main.py``; its description is its ``pyproject.toml``'s ``project.description``,
+else the first line of its README. Error text never carries the credentials a clone URL may
+hold.
 """
 
 from __future__ import annotations
@@ -193,40 +195,76 @@ def _refresh_head(mirror: Path, *, timeout: float) -> None:
 
 
 def _git(cwd: Path | None, *args: str, timeout: float = GIT_TIMEOUT_S, check: bool = True) -> str:
-    command = ["git", *([] if cwd is None else ["--git-dir", str(cwd)]), *args]
-    env = {
-        **os.environ,
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_ASKPASS": "echo",
-        "SSH_ASKPASS": "echo",
-        "GCM_INTERACTIVE": "never",
-        "LC_ALL": "C",
-    }
+    repo = () if cwd is None else ("--git-dir", str(cwd))
+    return run_git(*args, repo=repo, timeout=timeout, check=check).stdout
+
+
+# --- the one way the platform runs git ---------------------------------------------------------
+
+# Transports a workspace's clone URL may use (``ext::`` and the rest are refused).
+ALLOWED_PROTOCOLS = "file:git:http:https:ssh"
+# Inherited variables that would point git elsewhere or inject configuration.
+_DROPPED = ("GIT_CONFIG", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
+
+
+def git_env() -> dict[str, str]:
+    """The environment of every git call: no system or global configuration (so no hook,
+    filter, credential helper, URL rewrite or protocol allowance of the machine's user
+    applies), no prompt for a password, ssh in batch mode, and only
+    :data:`ALLOWED_PROTOCOLS`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_DROPPED)}
+    env.update(
+        {
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_ASKPASS": "echo",
+            "SSH_ASKPASS": "echo",
+            "GCM_INTERACTIVE": "never",
+            "GIT_ALLOW_PROTOCOL": ALLOWED_PROTOCOLS,
+            "LC_ALL": "C",
+        }
+    )
     env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+    return env
+
+
+def run_git(
+    *args: str,
+    repo: tuple[str, ...] = (),
+    timeout: float = GIT_TIMEOUT_S,
+    check: bool = True,
+    during: str = "",
+    machine: str = "the platform's machine",
+) -> subprocess.CompletedProcess[str]:
+    """``git [repo] ARGS`` under :func:`git_env` with hooks off, within ``timeout``; a failure
+    (``check``), a timeout or a missing git is a :class:`GitSyncError` whose text carries no
+    credentials. ``repo`` selects the repository (``("--git-dir", path)`` or ``("-C",
+    path)``); ``during`` (" while ...") says what the call was for."""
+    command = ["git", "-c", f"core.hooksPath={os.devnull}", *repo, *args]
     try:
         done = subprocess.run(
             command,
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=env,
+            env=git_env(),
             stdin=subprocess.DEVNULL,
             check=False,
         )
     except subprocess.TimeoutExpired:
         raise GitSyncError(
-            f"git {args[0]} took longer than {timeout:.0f} s and was stopped.",
+            f"git {args[0]} took longer than {timeout:.0f} s{during} and was stopped.",
             details={"command": args[0]},
         ) from None
     except FileNotFoundError:
         raise GitSyncError(
-            "git is not installed on the platform's machine: install git.",
-            code="GIT_NOT_INSTALLED",
+            f"git is not installed on {machine}: install git.", code="GIT_NOT_INSTALLED"
         ) from None
     if check and done.returncode != 0:
         output = redact((done.stderr or done.stdout).strip())[-1000:]
         raise GitSyncError(
-            f"git {args[0]} failed (exit {done.returncode}): {output}",
+            f"git {args[0]} failed{during} (exit {done.returncode}): {output}",
             details={"command": args[0], "exit_code": done.returncode},
         )
-    return done.stdout
+    return done

@@ -133,7 +133,7 @@ def _clone_url(database: Database, workspace_id: str) -> str:
 def _head(checkout: Path) -> str | None:
     if not (checkout / ".git").is_dir():
         return None
-    done = _run(["git", "-C", str(checkout), "rev-parse", "--verify", "--quiet", "HEAD"], 30.0)
+    done = _git(checkout, "rev-parse", "--verify", "--quiet", "HEAD", timeout=30.0, check=False)
     return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
@@ -144,45 +144,13 @@ def _has_commit(mirror: Path, commit_sha: str) -> bool:
 
 
 def _git(
-    cwd: Path | None, *args: str, timeout: float = gitsync.GIT_TIMEOUT_S
+    cwd: Path | None, *args: str, timeout: float = gitsync.GIT_TIMEOUT_S, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    command = ["git", *([] if cwd is None else ["-C", str(cwd)]), *args]
-    done = _run(command, timeout)
-    if done.returncode != 0:
-        output = gitsync.redact((done.stderr or done.stdout).strip())[-1000:]
-        raise gitsync.GitSyncError(
-            f"git {args[0]} failed while checking out the run's code (exit "
-            f"{done.returncode}): {output}",
-            details={"command": args[0], "exit_code": done.returncode},
-        )
-    return done
-
-
-def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_ASKPASS": "echo",
-        "SSH_ASKPASS": "echo",
-        "LC_ALL": "C",
-    }
-    try:
-        return subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise gitsync.GitSyncError(
-            f"git {command[3] if command[1] == '-C' else command[1]} took longer than "
-            f"{timeout:.0f} s while checking out the run's code and was stopped."
-        ) from None
-    except FileNotFoundError:
-        raise gitsync.GitSyncError(
-            "git is not installed on the worker's machine: install git.",
-            code="GIT_NOT_INSTALLED",
-        ) from None
+    return gitsync.run_git(
+        *args,
+        repo=() if cwd is None else ("-C", str(cwd)),
+        timeout=timeout,
+        check=check,
+        during=" while checking out the run's code",
+        machine="the worker's machine",
+    )
