@@ -466,3 +466,21 @@ async def test_grader_callback_with_grading_switched_off_is_refused(artifact_roo
         await backend.execute(req("contradiction", grade=False), calls.workflow, calls.grader)
     assert calls.calls == []
     assert backend.rollout_status("contradiction") is None
+
+
+async def test_status_and_health_bodies_keep_their_wire_bytes(artifact_root):
+    """The typed reports serialize to the bytes the plain dicts did (keys in this order)."""
+    import json
+
+    class WholeGrader(Grader):
+        async def grade(self, ctx):
+            ctx.set_reward(1)
+
+    backend = LocalBackend(workflow=EchoWorkflow, grader=WholeGrader, max_concurrent=2)
+    await backend.execute(req("whole"))
+    assert json.dumps(backend.rollout_status("whole"), separators=(",", ":")) == (
+        '{"status":"success","reward":1.0,"err_message":null}'
+    )
+    assert json.dumps(backend.health(), separators=(",", ":")) == (
+        '{"status":"ok","concurrency":{"max_concurrent":2,"queued":0,"running":0}}'
+    )

@@ -22,6 +22,7 @@ from typing import Any
 from osmosis_ai.rollout.agent_workflow import AgentWorkflow
 from osmosis_ai.rollout.backend.base import ExecutionBackend, ResultCallback
 from osmosis_ai.rollout.backend.registry import RolloutRegistry, TrackedRollout
+from osmosis_ai.rollout.backend.status import Concurrency, LocalHealth, RolloutReport
 from osmosis_ai.rollout.config import AgentWorkflowConfig, GraderConfig
 from osmosis_ai.rollout.context import (
     AgentWorkflowContext,
@@ -137,24 +138,12 @@ class LocalBackend(ExecutionBackend):
         return self.max_queue_depth is None or self._queued < self.max_queue_depth
 
     def health(self) -> dict[str, Any]:
-        return {
-            "status": "ok",
-            "concurrency": {
-                "max_concurrent": self.max_concurrent,
-                "queued": self._queued,
-                "running": self._running,
-            },
-        }
+        limits = Concurrency(self.max_concurrent, self._queued, self._running)
+        return LocalHealth(limits).body()
 
     def rollout_status(self, rollout_id: str) -> dict[str, Any] | None:
         tracked = self._rollouts.get(rollout_id)
-        if tracked is None:
-            return None
-        return {
-            "status": tracked.status.value,
-            "reward": tracked.reward,
-            "err_message": tracked.err_message,
-        }
+        return None if tracked is None else RolloutReport.of(tracked).body()
 
     def cancel_rollouts(
         self, ids: list[str] | None = None, prefix: str | None = None, all: bool = False

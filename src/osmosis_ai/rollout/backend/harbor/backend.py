@@ -72,6 +72,7 @@ from osmosis_ai.rollout.backend.harbor.tasks import (
 from osmosis_ai.rollout.backend.harbor.trials import keep_trial_outputs, remove_tree, scrub_secrets
 from osmosis_ai.rollout.backend.local import default_artifact_root
 from osmosis_ai.rollout.backend.registry import RolloutRegistry, TrackedRollout
+from osmosis_ai.rollout.backend.status import HarborHealth, RolloutReport
 from osmosis_ai.rollout.config import AgentWorkflowConfig, GraderConfig
 from osmosis_ai.rollout.container.files import (
     GRADED_SAMPLE_NAME,
@@ -350,25 +351,13 @@ class HarborBackend(ExecutionBackend):
 
     def health(self) -> dict[str, Any]:
         queued, running = self._counts()
-        return {
-            "status": "ok",
-            "backend": "harbor",
-            "agent": self.agent_label,
-            "in_flight": queued + running,
-            "running": running,
-            "queued": queued,
-            "max_queue_depth": self.max_queue_depth,
-        }
+        return HarborHealth(self.agent_label, running, queued, self.max_queue_depth).body()
 
     def rollout_status(self, rollout_id: str) -> dict[str, Any] | None:
         tracked = self._rollouts.get(rollout_id)
         if tracked is None:
             return None
-        return {
-            "status": tracked.status.value,
-            "reward": tracked.reward if tracked.status == RolloutStatus.SUCCESS else None,
-            "err_message": tracked.err_message,
-        }
+        return RolloutReport.of(tracked, reward_on_success_only=True).body()
 
     def cancel_rollouts(
         self, ids: list[str] | None = None, prefix: str | None = None, all: bool = False
