@@ -347,7 +347,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
         )
 
     @classmethod
-    def preflight(cls) -> None:
+    def preflight(cls, kwargs: dict[str, Any] | None = None) -> None:
+        """Harbor's check before a job queues trials (newer Harbor passes the job's
+        environment kwargs; the sandbox declares no options model, so there is nothing to
+        validate in them)."""
         if reason := sandbox_missing_reason():
             raise SandboxError(reason)
 
