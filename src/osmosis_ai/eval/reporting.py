@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from osmosis_ai import tracking
 from osmosis_ai.eval.report_targets import EvalReporting
-from osmosis_ai.eval.rundir import LOGS_FILE
+from osmosis_ai.rundir.logs import LOGS_FILE
 
 if TYPE_CHECKING:
     from osmosis_ai.eval.metrics import EvalMetrics

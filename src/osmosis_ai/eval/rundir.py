@@ -31,12 +31,12 @@ from osmosis_ai.rundir.durable import (
     open_owner_only,
     read_regular_file,
 )
+from osmosis_ai.rundir.logs import LOGS_FILE
 from osmosis_ai.rundir.timestamps import iso_utc
 
 LOCKS_DIR = ".locks"
 MANIFEST_FILE = "manifest.json"
 JOURNAL_FILE = "events.jsonl"
-LOGS_FILE = "logs.txt"
 TRIALS_DIR = "rollout_trials"
 
 

@@ -24,6 +24,7 @@ from osmosis_ai.errors import UsageError
 from osmosis_ai.rundir.durable import HeldFile, canonical_json, open_owner_only, write_all
 from osmosis_ai.rundir.timestamps import iso_utc
 
+LOGS_FILE = "logs.txt"
 REDACTED = "[REDACTED]"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 Details = Mapping[str, object] | None

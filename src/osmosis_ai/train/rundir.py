@@ -1,6 +1,7 @@
 """The run directory ``<workspace>/.osmosis/training/<run>/`` and its durable writes.
 
-``run.json`` (manifest, status), ``config.toml`` (as written), ``inputs.json`` (resolved),
+``run.json`` (manifest, status), ``config.toml`` (as written; ``config.json``: the tables of
+a config that came as tables), ``inputs.json`` (resolved),
 ``metrics.jsonl`` (one fsynced line per step), ``logs.txt`` (secrets redacted),
 ``checkpoints/step-NNNNNN/`` (Hugging Face format), ``warmup/`` (the model after the
 supervised warm-up), ``resume/`` (the trainer's resumable state), ``rollouts/`` (artifacts).
@@ -22,12 +23,11 @@ from typing import Any
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rundir.durable import atomic_write_bytes, fsync_dir, open_owner_only, write_all
 from osmosis_ai.rundir.durable import atomic_write_json as write_json
-from osmosis_ai.rundir.logs import Redactor, RunLog
+from osmosis_ai.rundir.logs import LOGS_FILE, Redactor, RunLog
 from osmosis_ai.rundir.timestamps import iso_utc as iso_now
 from osmosis_ai.train.plan import RUN_FILE, TrainPlan
 
 SERVER_FILE = "rollout-server.json"
-LOGS_FILE = "logs.txt"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -67,7 +67,10 @@ class RunDir:
             folder.mkdir(exist_ok=True)
         self.journal = _run_log(self.path, plan)
         self.manifest: dict[str, Any] = self._manifest()
-        atomic_write_bytes(self.path / "config.toml", plan.config.path.read_bytes())
+        if plan.config.from_file:
+            atomic_write_bytes(self.path / "config.toml", plan.config.path.read_bytes())
+        else:  # parsed from tables (a platform run's sections): they are the config as written
+            write_json(self.path / "config.json", plan.config.raw)
         write_json(self.path / "inputs.json", self._inputs())
         self.set_status("running")
 
