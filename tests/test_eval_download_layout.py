@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from osmosis_ai.cli.eval_platform import own_metrics, write_local_layout
+from osmosis_ai.platform.client.eval_runs import own_metrics, write_local_layout
 
 RECORD = {
     "id": "2e8feb14-b342-45ed-804a-58aa4098963a",

@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from osmosis_ai.cli.eval_platform import default_root, download_run
+from osmosis_ai.cli.confirm import confirm
+from osmosis_ai.cli.eval_platform import default_root
 from osmosis_ai.cli.output import Context, OperationResult, Result
 from osmosis_ai.cli.platform_session import open_session
+from osmosis_ai.platform.client.eval_runs import download_run, plan_download
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,15 +30,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: Context) -> Result:
     with open_session(ctx) as session:
         root = Path(args.output).expanduser() if args.output else default_root(session, args.name)
-        done = download_run(
-            session,
+        plan = plan_download(
+            session.client,
             args.name,
             types=args.type,
             rows=args.rows,
             root=root,
             overwrite=args.overwrite,
-            yes=args.yes,
         )
+        if plan.existing:
+            confirm(
+                f"Replace {len(plan.existing)} existing files under {root}?",
+                yes=args.yes,
+                summary={"Run": args.name, "Output": str(root)},
+            )
+        done = download_run(session.client, plan)
         return OperationResult(
             operation="eval.download",
             status="success",

@@ -127,12 +127,8 @@ def _upload(
     session: Session, result: EvalRunResult, operation: OperationResult, ctx: Context
 ) -> None:
     """``--upload``: import the finished run into the platform (an incomplete one stays local)."""
-    from osmosis_ai.cli.eval_platform import (
-        lock_run,
-        plan_upload,
-        upload_result_resource,
-        upload_run,
-    )
+    from osmosis_ai.cli.eval_platform import upload_result_resource
+    from osmosis_ai.platform.client.eval_runs import upload_local_run
 
     if not result.complete:
         ctx.warn(
@@ -141,12 +137,8 @@ def _upload(
             f"then run osmosis eval upload {result.run_dir}",
         )
         return
-    lock = lock_run(result.run_dir)
-    try:
-        plan = plan_upload(result.run_dir)
-        answer = upload_run(session, plan)
-    finally:
-        lock.release()
+    uploaded = upload_local_run(session.client, result.run_dir)
+    plan, answer = uploaded.plan, uploaded.answer
     assert operation.resource is not None
     operation.resource["upload"] = upload_result_resource(answer, plan)
     operation.next_steps.append(f"Platform: osmosis eval info {answer.get('eval_run_name')}")

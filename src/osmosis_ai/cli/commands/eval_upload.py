@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from osmosis_ai.cli.eval_platform import lock_run, plan_upload, upload_result_resource, upload_run
+from osmosis_ai.cli.eval_platform import upload_result_resource
 from osmosis_ai.cli.output import Context, OperationResult, Result
 from osmosis_ai.cli.platform_session import open_session
+from osmosis_ai.platform.client.eval_runs import upload_local_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,12 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: Context) -> Result:
     run_dir = Path(args.run_dir).expanduser().resolve()
     with open_session(ctx) as session:
-        lock = lock_run(run_dir)
-        try:
-            plan = plan_upload(run_dir)
-            answer = upload_run(session, plan)
-        finally:
-            lock.release()
+        uploaded = upload_local_run(session.client, run_dir)
+        plan, answer = uploaded.plan, uploaded.answer
         resource = {**upload_result_resource(answer, plan), **session.result_context()}
     return OperationResult(
         operation="eval.upload",

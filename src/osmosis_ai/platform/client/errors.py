@@ -2,8 +2,10 @@
 
     PlatformClientError (OsmosisError)  a platform call, or a step around one, failed
     ├── LocalFileError        a local file to send is missing, unreadable or invalid
+    ├── LocalRunBusyError     CONFLICT: a local run is locked, or changed while it was sent
     ├── AlreadyExistsError    CONFLICT: the name is taken, or files are where a download goes
     ├── NotReadyError         VALIDATION: the resource cannot be fetched in its state
+    ├── SubmitRefusedError    VALIDATION: the run's config cannot run on the platform as it is
     ├── UnsafeAnswerError     PLATFORM_ERROR: the platform named a path outside the target
     └── NotCompletedError     PLATFORM_ERROR: the bytes went up, the platform was not told
 
@@ -13,7 +15,12 @@ body's own details and ``status_code`` when the platform answered at all.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
+
 from osmosis_ai.errors import OsmosisError
+
+REDACTED = "[REDACTED]"
 
 
 class PlatformClientError(OsmosisError):
@@ -43,6 +50,37 @@ class PlatformClientError(OsmosisError):
         return code if isinstance(code, str) else None
 
 
+def redact(value: object, secrets: list[str]) -> object:
+    """``value`` with each of ``secrets`` replaced, and every ``value``/``secret`` key's value."""
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {
+            redact(k, secrets): REDACTED
+            if str(k).lower() in ("value", "secret", "secret_value")
+            else redact(v, secrets)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(item, secrets) for item in value]
+    return value
+
+
+def redacted(exc: PlatformClientError, values: Iterable[str]) -> PlatformClientError:
+    """A copy of ``exc`` with every value (longest first) replaced by ``[REDACTED]``: a
+    platform error that repeats a secret value the CLI sent is shown without it."""
+    secrets = sorted({v for v in values if v}, key=len, reverse=True)
+    clean = copy.copy(exc)
+    message = redact(exc.message, secrets)
+    clean.message = message if isinstance(message, str) else exc.message
+    clean.args = (clean.message,)
+    details = redact(exc.details, secrets)
+    clean.details = details if isinstance(details, dict) else {}
+    return clean
+
+
 class _CodedError(PlatformClientError):
     """A subclass whose CLI code is fixed by its kind (``default_code``) unless given."""
 
@@ -67,6 +105,12 @@ class LocalFileError(_CodedError):
     default_code = "VALIDATION"
 
 
+class LocalRunBusyError(_CodedError):
+    """A local run is held by another process, or one of its files changed while it was sent."""
+
+    default_code = "CONFLICT"
+
+
 class AlreadyExistsError(_CodedError):
     """The name is taken on the platform, or files are already where a download goes."""
 
@@ -75,6 +119,13 @@ class AlreadyExistsError(_CodedError):
 
 class NotReadyError(_CodedError):
     """The resource cannot be fetched in its present state (e.g. a dataset still processing)."""
+
+    default_code = "VALIDATION"
+
+
+class SubmitRefusedError(_CodedError):
+    """The run's config cannot run on the platform as it is (a local model folder, a pinned
+    commit the repository does not have)."""
 
     default_code = "VALIDATION"
 
