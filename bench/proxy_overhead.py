@@ -1,7 +1,10 @@
 """Per-call overhead of the policy proxy: the scripted model server direct vs through the proxy.
 
 Three processes on 127.0.0.1 (model server with 0 ms latency, proxy, this client); p50/p95
-of sequential and 16-concurrent chat calls, stream false and true, measured in one run:
+of sequential and 16-concurrent chat calls, stream false and true, measured in one run; then
+the same question through the proxy's three APIs (chat completions, the OpenAI Responses
+API, the Anthropic Messages API) one call at a time, each route's p50 overhead over the
+direct call set beside chat completions' (target: within 0.2 ms of it):
 ``python bench/proxy_overhead.py [--calls 2000] [--block 100]``.
 """
 
@@ -69,29 +72,52 @@ async def wait_ready(client: httpx.AsyncClient, url: str, headers: dict[str, str
     raise TimeoutError(f"{url} did not come up")
 
 
-async def one_call(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> float:
+QUESTION = "What is six times seven?"
+# route -> (request body without "stream", what the last event of its stream holds)
+ROUTES: dict[str, tuple[dict[str, Any], bytes]] = {
+    "/chat/completions": (
+        {"model": "osmosis-rollout", "messages": [{"role": "user", "content": QUESTION}]},
+        b"data: [DONE]\n\n",
+    ),
+    "/responses": ({"model": "osmosis-rollout", "input": QUESTION}, b"event: response.completed\n"),
+    "/v1/messages": (
+        {
+            "model": "osmosis-rollout",
+            "max_tokens": 256,
+            "messages": [{"role": "user", "content": QUESTION}],
+        },
+        b'{"type":"message_stop"}\n\n',
+    ),
+}
+
+
+async def one_call(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], ending: bytes
+) -> float:
     started = time.perf_counter()
     response = await client.post(url, json=body)
     assert response.status_code == 200, response.text
     if body["stream"]:
-        assert response.content.endswith(b"data: [DONE]\n\n")
+        assert ending in response.content[-4096:], response.content[-200:]
     return (time.perf_counter() - started) * 1000.0
 
 
 async def measure(
-    client: httpx.AsyncClient, url: str, stream: bool, calls: int, concurrency: int
+    client: httpx.AsyncClient,
+    url: str,
+    stream: bool,
+    calls: int,
+    concurrency: int,
+    route: str = "/chat/completions",
 ) -> list[float]:
-    body = {
-        "model": "osmosis-rollout",
-        "messages": [{"role": "user", "content": "What is six times seven?"}],
-        "temperature": 0.7,
-        "stream": stream,
-    }
+    template, ending = ROUTES[route]
+    body = {**template, "temperature": 0.7, "stream": stream}
+    url = url.removesuffix("/chat/completions") + route
     latencies: list[float] = []
 
     async def worker(count: int) -> None:
         for _ in range(count):
-            latencies.append(await one_call(client, url, body))
+            latencies.append(await one_call(client, url, body, ending))
 
     share = calls // concurrency
     await asyncio.gather(*(worker(share) for _ in range(concurrency)))
@@ -139,6 +165,41 @@ async def cell(
     )
 
 
+async def routes(
+    client: httpx.AsyncClient,
+    urls: tuple[str, str],
+    proxy_pid: int,
+    stream: bool,
+    calls: int,
+    block: int,
+) -> list[str]:
+    """Rows of the API table at c=1: the direct chat call and each proxied route in
+    alternating blocks; overhead is a route's p50 minus the direct p50, and the proxy's
+    CPU per call is read from /proc around each block."""
+    targets = [(urls[0], "/chat/completions"), *((urls[1], route) for route in ROUTES)]
+    samples: list[list[float]] = [[] for _ in targets]
+    cpu = [0.0 for _ in targets]
+    for _ in range(max(1, calls // block)):
+        for which, (url, route) in enumerate(targets):
+            before = cpu_seconds(proxy_pid)
+            samples[which].extend(await measure(client, url, stream, block, 1, route))
+            cpu[which] += cpu_seconds(proxy_pid) - before
+    direct = pct(samples[0], 50)
+    chat = pct(samples[1], 50) - direct
+    chat_cpu = cpu[1] * 1000 / len(samples[1])
+    rows = []
+    for which, (_url, route) in enumerate(targets[1:], start=1):
+        values = samples[which]
+        overhead = pct(values, 50) - direct
+        per_call = cpu[which] * 1000 / len(values)
+        rows.append(
+            f"{stream!s:<7}{route:<18}  {direct:>10.3f}  {pct(values, 50):>10.3f}"
+            f"{pct(values, 95):>8.3f}  {overhead:>12.3f}  {overhead - chat:>+10.3f}"
+            f"  {per_call:>9.3f}  {per_call - chat_cpu:>+10.3f}"
+        )
+    return rows
+
+
 async def run(calls: int, block: int, warmup: int) -> None:
     model_port, proxy_port = free_port(), free_port()
     model = start([__file__, "--serve-model", str(model_port)])
@@ -154,7 +215,8 @@ async def run(calls: int, block: int, warmup: int) -> None:
             await wait_ready(client, f"{proxy_url}/models", auth)
             for url in urls:
                 for stream in (False, True):
-                    await measure(client, url, stream, warmup, 1)
+                    for route in ROUTES:
+                        await measure(client, url, stream, warmup, 1, route)
             load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
             print(
                 f"{calls} calls per target and row, alternating blocks of {block}; model server "
@@ -169,6 +231,15 @@ async def run(calls: int, block: int, warmup: int) -> None:
                 for concurrency in (1, 16):
                     pids = (model.pid, proxy.pid)
                     print(await cell(client, urls, pids, stream, calls, block, concurrency))
+            print()
+            print("The proxy's three APIs at c=1 (the direct call is chat completions):")
+            print(
+                f"{'stream':<7}{'route':<18}  {'direct p50':>10}  {'proxy p50':>10}{'p95':>8}  "
+                f"{'overhead p50':>12}  {'vs chat':>10}  {'proxy CPU':>9}  {'vs chat':>10}"
+            )
+            for stream in (False, True):
+                for row in await routes(client, urls, proxy.pid, stream, calls, block):
+                    print(row)
     finally:
         for process in (proxy, model):
             process.terminate()

@@ -200,6 +200,14 @@ class CallRecorder:
         for raw, data in zip(raws, parsed, strict=True):
             self._chunk(raw, data)
 
+    def parsed_chunks(self, pairs: list[tuple[bytes, object]]) -> None:
+        """:meth:`chunk` each payload already parsed (``None``: it was not JSON)."""
+        for raw, parsed in pairs:
+            if parsed is None:
+                self.chunk(raw)
+            else:
+                self._chunk(raw, parsed)
+
     def _chunk(self, raw: bytes, parsed: object) -> None:
         if not isinstance(parsed, dict):
             self.note(f"upstream stream chunk is not an object: {raw[:120]!r}")

@@ -13,12 +13,21 @@ from __future__ import annotations
 import json
 import secrets
 from abc import ABC, abstractmethod
+from json.encoder import encode_basestring
 from typing import Any
 
 from osmosis_ai.controller.errors import ControllerError
 from osmosis_ai.rollout.asgi import JSON_ENCODER
 
-__all__ = ["Dialect", "DialectError", "StreamWriter", "fresh_id", "sse_event", "text_of"]
+__all__ = [
+    "Dialect",
+    "DialectError",
+    "StreamWriter",
+    "fresh_id",
+    "quoted",
+    "sse_event",
+    "text_of",
+]
 
 Json = dict[str, Any]
 
@@ -100,6 +109,11 @@ def error_message(payload: bytes) -> str:
 def sse_event(name: str, data: Json) -> bytes:
     """One named server-sent event."""
     return b"event: " + name.encode() + b"\ndata: " + JSON_ENCODER.encode(data).encode() + b"\n\n"
+
+
+def quoted(text: str) -> bytes:
+    """``text`` as a JSON string (UTF-8), for events written by hand."""
+    return encode_basestring(text).encode()
 
 
 def fresh_id(prefix: str) -> str:

@@ -49,26 +49,22 @@ async def relay_stream(
     watch = _DisconnectWatch(receive, inbox)
     started = False
     received: list[bytes] = []  # recorded once the agent has its answer
+    rewrite = None if writer is None else _Rewrite(writer)
     try:
         while True:
             out: list[bytes] = []
-            last = _collect(await inbox.take(), out, received, recorder, hide_usage, writer=writer)
+            last = _collect(
+                await inbox.take(), out, received, recorder, hide_usage, rewrite=rewrite
+            )
             if last is _DISCONNECT:
                 recorder.fail(499, "the client disconnected before the stream ended")
                 return
             finished = last is _END
             if isinstance(last, UpstreamError):
-                status, payload = upstream_error_reply(last)
-                recorder.fail(status, str(last))
-                if not started and not out:
-                    if writer is not None:
-                        payload = writer.refusal(status, payload)
-                    await send_body(send, status, payload)
+                whole = _failed(last, recorder, rewrite, out, started=started)
+                if whole is not None:
+                    await send_body(send, *whole)
                     return
-                if writer is None:
-                    out.append(b"event: error\ndata: " + payload + b"\n\n" + _DONE)
-                else:
-                    out.append(writer.error(status, error_message(payload)))
                 finished = True
             if not started and (out or last is _OPEN):
                 started = True
@@ -80,7 +76,10 @@ async def relay_stream(
                 return
     finally:
         recorder.answered()
-        recorder.chunks(received)
+        if rewrite is None:
+            recorder.chunks(received)
+        else:
+            recorder.parsed_chunks(rewrite.decoded)
         pump.stop()
         if not pump.ended:  # left early: stop the upstream call
             reader.cancel()
@@ -95,11 +94,11 @@ def _collect(
     recorder: CallRecorder,
     hide_usage: bool,
     *,
-    writer: StreamWriter | None,
+    rewrite: _Rewrite | None,
 ) -> object:
-    """Append to ``out`` the SSE bytes for ``items`` (``writer``'s events when given) and to
-    ``received`` their payloads, up to what ends the stream (``[DONE]`` or ``writer``'s
-    closing events are written here). Returns that end (``_END``,
+    """Append to ``out`` the SSE bytes for ``items`` (rewritten when ``rewrite`` is given)
+    and to ``received`` their payloads, up to what ends the stream (``[DONE]`` or the
+    rewritten stream's closing events are written here). Returns that end (``_END``,
     ``_DISCONNECT`` or an :class:`UpstreamError`), else ``_OPEN`` if the upstream accepted
     the call, else ``None``."""
     opened = None
@@ -108,31 +107,86 @@ def _collect(
             if not received:
                 recorder.arrived()
             received.append(item)
-            if writer is not None:
-                _rewrite(item, out, writer)
+            if rewrite is not None:
+                rewrite.pending.append(item)
             elif not (hide_usage and _usage_only(item)):
                 out.append(b"data: " + item + b"\n\n")
-        elif item is _OPEN:
+            continue
+        if rewrite is not None:
+            rewrite.flush(out)
+        if item is _OPEN:
             opened = _OPEN
         elif item is _TICK:
             out.append(_KEEPALIVE)
         elif item is _END:
-            out.append(_DONE if writer is None else writer.end())
+            out.append(_DONE if rewrite is None else rewrite.writer.end())
             return _END
         elif item is _DISCONNECT or isinstance(item, UpstreamError):
             return item
+    if rewrite is not None:
+        rewrite.flush(out)
     return opened
 
 
-def _rewrite(payload: bytes, out: list[bytes], writer: StreamWriter) -> None:
+def _failed(
+    error: UpstreamError,
+    recorder: CallRecorder,
+    rewrite: _Rewrite | None,
+    out: list[bytes],
+    *,
+    started: bool,
+) -> tuple[int, bytes] | None:
+    """Record the upstream's failure. Before anything was sent: the whole error answer, with
+    the upstream's status; else the error event that ends the stream goes to ``out``."""
+    status, payload = upstream_error_reply(error)
+    recorder.fail(status, str(error))
+    if not started and not out:
+        return status, payload if rewrite is None else rewrite.writer.refusal(status, payload)
+    if rewrite is None:
+        out.append(b"event: error\ndata: " + payload + b"\n\n" + _DONE)
+    else:
+        out.append(rewrite.writer.error(status, error_message(payload)))
+    return None
+
+
+class _Rewrite:
+    """Feeds a stream's chat payloads to a :class:`StreamWriter`, each batch that arrived
+    together parsed at once, and keeps what it parsed for the recorder."""
+
+    __slots__ = ("decoded", "pending", "writer")
+
+    def __init__(self, writer: StreamWriter) -> None:
+        self.writer = writer
+        self.pending: list[bytes] = []
+        self.decoded: list[tuple[bytes, object]] = []
+
+    def flush(self, out: list[bytes]) -> None:
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        for raw, chunk in zip(batch, _parse_all(batch), strict=True):
+            self.decoded.append((raw, chunk))
+            if isinstance(chunk, dict) and "error" not in chunk:
+                events = self.writer.feed(chunk)
+                if events:
+                    out.append(events)
+
+
+def _parse_all(payloads: list[bytes]) -> list[object]:
+    """Each payload's JSON (``None`` for one that is not), in one parse when all are."""
     try:
-        chunk: object = json.loads(payload)
+        parsed: object = json.loads(b"[" + b",".join(payloads) + b"]")
     except ValueError:
-        return  # the recorder notes it
-    if isinstance(chunk, dict) and "error" not in chunk:
-        events = writer.feed(chunk)
-        if events:
-            out.append(events)
+        parsed = None
+    if isinstance(parsed, list) and len(parsed) == len(payloads):
+        return parsed
+    values: list[object] = []
+    for payload in payloads:
+        try:
+            values.append(json.loads(payload))
+        except ValueError:
+            values.append(None)
+    return values
 
 
 def ask_usage(body: dict[str, Any]) -> bool:

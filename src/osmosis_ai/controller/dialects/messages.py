@@ -19,6 +19,7 @@ from osmosis_ai.controller.dialect import (
     StreamWriter,
     chat_choice,
     fresh_id,
+    quoted,
     sse_event,
     text_of,
     tool_calls_of,
@@ -38,6 +39,15 @@ _STOP_REASONS = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
+_TEXT_DELTA = (
+    b"event: content_block_delta\ndata: "
+    b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":%s}}\n\n'
+)
+_JSON_DELTA = (
+    b"event: content_block_delta\ndata: "
+    b'{"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"input_json_delta","partial_json":%s}}\n\n'
+)
 _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -265,9 +275,7 @@ class _MessagesWriter(StreamWriter, ChunkSink):
         if self._text is None:
             self._stop_blocks()
             self._text = self._block({"type": "text", "text": ""})
-        self._emit(
-            "content_block_delta", index=self._text, delta={"type": "text_delta", "text": text}
-        )
+        self._out.append(_TEXT_DELTA % (self._text, quoted(text)))  # by hand: on every token
 
     def on_call(self, position: int, call_id: str, name: str) -> None:
         if position in self._calls:
@@ -280,8 +288,7 @@ class _MessagesWriter(StreamWriter, ChunkSink):
     def on_arguments(self, position: int, fragment: str) -> None:
         if position not in self._calls:
             self.on_call(position, fresh_id("call"), "")
-        delta = {"type": "input_json_delta", "partial_json": fragment}
-        self._emit("content_block_delta", index=self._calls[position], delta=delta)
+        self._out.append(_JSON_DELTA % (self._calls[position], quoted(fragment)))
 
     def end(self) -> bytes:
         reader = self._reader

@@ -20,6 +20,7 @@ from osmosis_ai.controller.dialect import (
     StreamWriter,
     chat_choice,
     fresh_id,
+    quoted,
     sse_event,
     text_of,
     tool_calls_of,
@@ -34,6 +35,16 @@ _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _COPIED = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "seed")
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+_TEXT_DELTA = (
+    b"event: response.output_text.delta\ndata: "
+    b'{"type":"response.output_text.delta","sequence_number":%d,"item_id":"%s",'
+    b'"output_index":%d,"content_index":0,"delta":%s,"logprobs":[]}\n\n'
+)
+_ARGUMENTS_DELTA = (
+    b"event: response.function_call_arguments.delta\ndata: "
+    b'{"type":"response.function_call_arguments.delta","sequence_number":%d,'
+    b'"item_id":"%s","output_index":%d,"delta":%s}\n\n'
+)
 
 
 class ResponsesDialect(Dialect):
@@ -292,8 +303,9 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
     def _start(self) -> None:
         if not self._started:
             self._started = True
-            self._emit("response.created", response=self._snapshot("in_progress"))
-            self._emit("response.in_progress", response=self._snapshot("in_progress"))
+            snapshot = self._snapshot("in_progress")
+            self._emit("response.created", response=snapshot)
+            self._emit("response.in_progress", response=snapshot)
 
     def feed(self, chunk: Json) -> bytes:
         if not self._started and isinstance(chunk.get("model"), str):
@@ -320,14 +332,11 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
                 part=part,
             )
         self._texts.append(text)
-        self._emit(
-            "response.output_text.delta",
-            item_id=item["id"],
-            output_index=self._output.index(item),
-            content_index=0,
-            delta=text,
-            logprobs=[],
+        # the event on every token, written by hand: the generic encoder costs more
+        self._out.append(
+            _TEXT_DELTA % (self._sequence, item["id"].encode(), len(self._output) - 1, quoted(text))
         )
+        self._sequence += 1
 
     def _close_text(self) -> None:
         item, self._text = self._text, None
@@ -370,12 +379,11 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
             self.on_call(position, fresh_id("call"), "")
         item, fragments = self._calls[position]
         fragments.append(fragment)
-        self._emit(
-            "response.function_call_arguments.delta",
-            item_id=item["id"],
-            output_index=self._output.index(item),
-            delta=fragment,
+        index = self._output.index(item)
+        self._out.append(
+            _ARGUMENTS_DELTA % (self._sequence, item["id"].encode(), index, quoted(fragment))
         )
+        self._sequence += 1
 
     def end(self) -> bytes:
         self._start()
