@@ -169,33 +169,12 @@ class OsmosisLitellmModel(OpenAIChatCompletionsModel):
             request_id=getattr(final, "_request_id", None),
         )
 
-    def stream_response(  # noqa: PLR0917 (the SDK's signature)
-        self,
-        system_instructions: str | None,
-        input: str | list[TResponseInputItem],
-        model_settings: ModelSettings,
-        tools: list[Tool],
-        output_schema: AgentOutputSchemaBase | None,
-        handoffs: list[Handoff],
-        tracing: ModelTracing,
-        previous_response_id: str | None = None,
-        conversation_id: str | None = None,
-        prompt: ResponsePromptParam | None = None,
-    ) -> AsyncIterator[TResponseStreamEvent]:
-        # A plain def: the check runs at call time and the SDK's generator is returned as is.
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        """The SDK's ``stream_response`` (its arguments, passed on as given), once the call is
+        allowed. A plain def: the check runs at call time and the SDK's generator is returned
+        as is."""
         self._check_call()
-        return super().stream_response(
-            system_instructions,
-            input,
-            model_settings,
-            tools,
-            output_schema,
-            handoffs,
-            tracing,
-            previous_response_id=previous_response_id,
-            conversation_id=conversation_id,
-            prompt=prompt,
-        )
+        return super().stream_response(*args, **kwargs)
 
 
 def _usage(response: Response) -> Usage:
