@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal
 
 import httpx
@@ -40,7 +39,7 @@ from osmosis_ai.rollout.client import (
     RolloutLeaseLostError,
     retry_after_sec,
 )
-from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rollout.http import HttpClientOwner, async_client
 from osmosis_ai.rollout.protocol import (
     CancelDisposition,
     Generation,
@@ -77,7 +76,7 @@ class _Attempt:
     hook_idle: asyncio.Event = field(default_factory=lambda: _set(asyncio.Event()))
 
 
-class Dispatcher:
+class Dispatcher(HttpClientOwner):
     """Runs work items on the rollout server at ``server_url`` through ``service``.
 
     Args:
@@ -103,28 +102,14 @@ class Dispatcher:
         self.max_admission_wait_sec = max_admission_wait_sec
         self._auto = generation == "auto"
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._owns_http = http_client is None
         # A large pool (each in-flight rollout holds a long-poll connection) on the fast
         # transport: httpx's own pool costs O(connections^2) per request.
-        self._http = http_client or async_client(max_connections=4096, timeout=HTTP_TIMEOUT_SEC)
+        self._init_http(
+            http_client, lambda: async_client(max_connections=4096, timeout=HTTP_TIMEOUT_SEC)
+        )
+        self._http = self.http_client
         self.client = RolloutClient(self.server_url, api_key=api_key, http_client=self._http)
         self._detecting = asyncio.Lock()
-
-    async def __aenter__(self) -> Dispatcher:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this dispatcher created it."""
-        if self._owns_http:
-            await self._http.aclose()
 
     # -- server ----------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
@@ -27,6 +26,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from osmosis_ai.errors import OsmosisError, RolloutProtocolError, UsageError
+from osmosis_ai.rollout.http import HttpClientOwner
 from osmosis_ai.rollout.protocol import (
     POLLING_LEASE_HEADER,
     CancelDisposition,
@@ -213,7 +213,7 @@ def _plain(client: httpx.AsyncClient) -> bool:
     )
 
 
-class RolloutClient:
+class RolloutClient(HttpClientOwner):
     """Client of one rollout server; use as ``async with RolloutClient(url) as client``.
 
     Args:
@@ -238,29 +238,13 @@ class RolloutClient:
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         check_header_fields(self._headers)  # a key read from a file may end with a newline
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+        self._init_http(http_client, lambda: httpx.AsyncClient(timeout=timeout))
+        self._http = self.http_client
         self._lean = _lean_transport(self._http, self.base_url)
         if self._lean is not None:  # the client's own headers, once (not its compression)
             self._lean_headers = {
                 k: v for k, v in self._http.headers.items() if k.lower() != "accept-encoding"
             }
-
-    async def __aenter__(self) -> RolloutClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this object created it."""
-        if self._owns_http:
-            await self._http.aclose()
 
     async def _request(
         self,

@@ -20,8 +20,9 @@ import asyncio
 import json
 import ssl
 import weakref
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Self, cast
 
 import httpx
 
@@ -70,6 +71,49 @@ def async_client(
             raise UsageError(f"async_client does not take {name}={options[name]!r}: {fix}")
     transport = _transport(max_connections, verify)
     return fast_cookies(httpx.AsyncClient(transport=transport, verify=verify, **options))
+
+
+class HttpClientOwner:
+    """Base of an object that talks through one ``httpx.AsyncClient``: the one it was given
+    (its caller closes it) or one it makes itself on first use (inside the event loop) and
+    closes in :meth:`aclose`. It is an async context manager that closes what it owns."""
+
+    _given_http: httpx.AsyncClient | None
+    _make_http: Callable[[], httpx.AsyncClient]
+    _made_http: httpx.AsyncClient | None
+
+    def _init_http(
+        self, given: httpx.AsyncClient | None, make: Callable[[], httpx.AsyncClient]
+    ) -> None:
+        self._given_http = given
+        self._make_http = make
+        self._made_http = None
+
+    @property
+    def http_client(self) -> httpx.AsyncClient:
+        """The client given, else this object's own (made now if this is the first use)."""
+        if self._given_http is not None:
+            return self._given_http
+        if self._made_http is None:
+            self._made_http = self._make_http()
+        return self._made_http
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client this object made; a given one stays its owner's."""
+        made, self._made_http = self._made_http, None
+        if made is not None:
+            await made.aclose()
 
 
 async def post_json(

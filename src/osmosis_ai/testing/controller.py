@@ -16,7 +16,6 @@ import secrets
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -25,6 +24,7 @@ from pydantic import ValidationError
 
 from osmosis_ai.errors import MissingExtraError, RolloutProtocolError, UsageError
 from osmosis_ai.rollout.client import RolloutClient
+from osmosis_ai.rollout.http import HttpClientOwner
 from osmosis_ai.rollout.protocol import (
     Generation,
     GraderCompleteRequest,
@@ -225,7 +225,7 @@ class ControllerOutcome:
         return None if self.sample is None else self.sample.reward
 
 
-class ProtocolController:
+class ProtocolController(HttpClientOwner):
     """Runs rollouts against the server at ``base_url``; use as an async context manager.
 
     Args:
@@ -248,22 +248,12 @@ class ProtocolController:
         self.receiver = CallbackReceiver(self.controller_api_key)
         self._generation: Generation | None = None if generation == "auto" else generation
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(timeout=30.0)
+        self._init_http(None, lambda: httpx.AsyncClient(timeout=30.0))
+        self._http = self.http_client
         self.client = RolloutClient(self.base_url, api_key=api_key, http_client=self._http)
         self._stack = contextlib.AsyncExitStack()
         self._receiver_url: str | None = None
         self._receiver_lock = asyncio.Lock()
-
-    async def __aenter__(self) -> ProtocolController:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop the callback receiver (if started) and close the HTTP client."""
@@ -271,7 +261,7 @@ class ProtocolController:
             await self._stack.aclose()
         finally:
             self._receiver_url = None
-            await self._http.aclose()
+            await super().aclose()
 
     async def resolve_generation(self) -> Generation:
         """The generation used for this server (asks ``/health`` once in auto mode)."""

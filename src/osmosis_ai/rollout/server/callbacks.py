@@ -17,14 +17,14 @@ from typing import Any
 
 import httpx
 
-from osmosis_ai.rollout.http import async_client
+from osmosis_ai.rollout.http import HttpClientOwner, async_client
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
-class CallbackPoster:
+class CallbackPoster(HttpClientOwner):
     """Sends callback bodies and returns the controller's JSON acknowledgement."""
 
     def __init__(
@@ -36,8 +36,7 @@ class CallbackPoster:
         max_delay: float = 8.0,
         timeout: float = 10.0,
     ) -> None:
-        self._client = client
-        self._owns_client = client is None
+        self._init_http(client, async_client)
         self.max_attempts = max_attempts
         self.base_delay = base_delay
         self.max_delay = max_delay
@@ -46,15 +45,7 @@ class CallbackPoster:
     @property
     def client(self) -> httpx.AsyncClient:
         """The given client, else our own, made now if this is the first use (in the loop)."""
-        if self._client is None:
-            self._client = async_client()
-        return self._client
-
-    async def aclose(self) -> None:
-        """Close the client the poster made itself; a given one stays its owner's."""
-        client, self._client = self._client, None
-        if self._owns_client and client is not None:
-            await client.aclose()
+        return self.http_client
 
     async def post(
         self, url: str, payload: dict[str, Any], bearer: str | None
