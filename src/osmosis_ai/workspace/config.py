@@ -61,7 +61,8 @@ class Experiment:
 
 @dataclass(frozen=True)
 class _RunConfig:
-    path: Path
+    path: Path  # the file it was read from, or (parsed from tables) the file it stands for
+    from_file: bool  # False: parsed from tables, nothing was read from path
     workspace: Workspace
     experiment: Experiment
     env: dict[str, str]
@@ -151,6 +152,7 @@ class _Loader:
         self.path = Path(path).expanduser().resolve()
         self.workspace = workspace
         self.issues: list[ConfigIssue] = []
+        self.from_file = tables is None
         self.raw = self._read() if tables is None else dict(tables)
 
     def fail(self, key: str, message: str, correction: str | None = None) -> None:
@@ -195,6 +197,7 @@ class _Loader:
         secrets = self._secrets(env)
         return {
             "path": self.path,
+            "from_file": self.from_file,
             "workspace": self.workspace,
             "experiment": experiment,
             "env": env,
