@@ -4,23 +4,33 @@ The CLI sends the sections of the run's TOML (reference §4.4–4.5) as they wer
 ``experiment_config`` (required: ``rollout``, ``entrypoint``, ``model_path``, ``dataset``;
 optionally ``branch`` or ``commit_sha``), the kind's own sections (``evaluation_config``;
 or ``training_config``, ``sampling_config``, ``checkpoints_config``), ``advanced_config``
-(passed through as is), ``env_config`` and ``secrets {required, provided?}``. Every problem
-is collected and reported together as one 400 ``VALIDATION`` with ``details.issues``
-(``{key, message}``), the way ``osmosis`` reports a bad config. Secret values are never
-part of a message.
+(passed through as is, but for the trainer's settings in it), ``env_config`` and
+``secrets {required, provided?}``. The sections are checked by the rules of the workspace's
+config loader (:func:`osmosis_ai.workspace.sections.parse_sections`), the ones a worker
+applies again when it builds the run's config; what is checked here alone is the platform's
+own: sizes, JSON nulls (unset), the experiment's plain values, env and secret names. Every
+problem is collected and reported together as one 400 ``VALIDATION`` with
+``details.issues`` (``{key, message, key_correction?}``), the way ``osmosis`` reports a bad
+config. Secret values are never part of a message.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from osmosis_ai.platform.errors import InvalidRequestError
-from osmosis_ai.workspace.sections import LOSS_TYPES, REPORT_TARGETS
+from osmosis_ai.workspace.config import ENV_NAME, RESERVED_ENV_PREFIX, SECRET_NAME
+from osmosis_ai.workspace.issues import ConfigIssue
+from osmosis_ai.workspace.sections import (
+    ADVANCED_ONLY_TABLES,
+    ADVANCED_TABLES,
+    ADVANCED_TRAINING_KEYS,
+    parse_sections,
+)
 
 KINDS = ("eval", "training")
 ROLLOUTS_DIR = "rollouts"
@@ -32,160 +42,14 @@ MAX_SECRET_VALUE_BYTES = 64 * 1024
 
 _ROLLOUT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
 _COMMIT = re.compile(r"^[0-9a-fA-F]{7,40}$")
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-_SECRET_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-RESERVED_ENV_PREFIX = "_OSMOSIS_"
 EXPERIMENT_KEYS = ("rollout", "entrypoint", "model_path", "dataset", "branch", "commit_sha")
 
 Issue = dict[str, str]
-Check = Callable[[object], str | None]  # the problem with a value, or None
-
-
-def _integer(minimum: int) -> Check:
-    def check(value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"must be an integer, got {_shown(value)}"
-        return None if value >= minimum else f"must be {minimum} or more, got {value}"
-
-    return check
-
-
-def _number(*, low: float, low_open: bool, high: float | None = None) -> Check:
-    def check(value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return f"must be a number, got {_shown(value)}"
-        if not math.isfinite(value):
-            return f"must be a finite number, got {value}"
-        if value < low or (low_open and value == low):
-            return f"must be {'more than' if low_open else 'at least'} {low:g}, got {value:g}"
-        if high is not None and value > high:
-            return f"must be at most {high:g}, got {value:g}"
-        return None
-
-    return check
-
-
-def _any_finite(value: object) -> str | None:
-    return _number(low=-math.inf, low_open=False)(value)
-
-
-POSITIVE_INT = _integer(1)
-POSITIVE = _number(low=0.0, low_open=True)
-
-# The keys each kind's sections may hold, and what their values must be.
-SECTIONS: dict[str, dict[str, dict[str, Check]]] = {
-    "eval": {
-        "evaluation": {
-            "limit": POSITIVE_INT,
-            "n": POSITIVE_INT,
-            "batch_size": POSITIVE_INT,
-            "pass_threshold": _any_finite,
-            "agent_workflow_timeout_s": POSITIVE,
-            "grader_timeout_s": POSITIVE,
-        },
-    },
-    "training": {
-        "training": {
-            "lr": POSITIVE,
-            "total_epochs": POSITIVE_INT,
-            "n_samples_per_prompt": POSITIVE_INT,
-            "rollout_batch_size": POSITIVE_INT,
-            "max_prompt_length": POSITIVE_INT,
-            "max_response_length": POSITIVE_INT,
-            "agent_workflow_timeout_s": POSITIVE,
-            "grader_timeout_s": POSITIVE,
-        },
-        "sampling": {
-            "rollout_temperature": _number(low=0.0, low_open=False),
-            "rollout_top_p": _number(low=0.0, low_open=True, high=1.0),
-        },
-        "checkpoints": {
-            "eval_interval": POSITIVE_INT,
-            "checkpoint_save_freq": POSITIVE_INT,
-        },
-    },
-}
-
-
-def _one_of(options: tuple[str, ...]) -> Check:
-    def check(value: object) -> str | None:
-        if isinstance(value, str) and value in options:
-            return None
-        return f"must be one of {', '.join(repr(o) for o in options)}, got {_shown(value)}"
-
-    return check
-
-
-def _subset_of(options: tuple[str, ...]) -> Check:
-    def check(value: object) -> str | None:
-        if isinstance(value, list) and all(isinstance(v, str) and v in options for v in value):  # pyright: ignore[reportUnknownVariableType]
-            return None
-        return f"must be a list of {', '.join(repr(o) for o in options)}, got {_shown(value)}"
-
-    return check
-
-
-def _boolean(value: object) -> str | None:
-    return None if isinstance(value, bool) else f"must be true or false, got {_shown(value)}"
-
-
-def _fraction(value: object) -> str | None:
-    problem = _number(low=0.0, low_open=False, high=1.0)(value)
-    if problem is None and value == 1:
-        return "must be less than 1, got 1"
-    return problem
-
-
-def _modules(value: object) -> str | None:
-    if value == "all-linear":
-        return None
-    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):  # pyright: ignore[reportUnknownVariableType]
-        return None
-    return f"must be 'all-linear' or a non-empty list of module names, got {_shown(value)}"
-
-
-def _names(value: object) -> str | None:
-    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):  # pyright: ignore[reportUnknownVariableType]
-        return None
-    return f"must be a list of module names, got {_shown(value)}"
-
-
-def _string(value: object) -> str | None:
-    return None if isinstance(value, str) else f"must be a string, got {_shown(value)}"
-
-
-# Settings of the embedded trainer that ride in advanced_config under their own names (the
-# hosted platform's CLI refuses them elsewhere but forwards [advanced] as written): keys of
-# advanced_config itself, and the tables advanced_config.warmup / .lora / .ray.
-ADVANCED_KEYS: dict[str, Check] = {
-    "loss_type": _one_of(LOSS_TYPES),
-    "kl_coef": _number(low=0.0, low_open=False),
-    "seed": _integer(0),
-    "report_to": _subset_of(REPORT_TARGETS),
-    "lr_warmup_steps": _integer(0),
-    "no_signal_patience": _integer(0),  # 0: never fail a run for lack of a learning signal
-}
-ADVANCED_TABLES: dict[str, dict[str, Check]] = {
-    "warmup": {
-        "sft_steps": _integer(0),
-        "lr": POSITIVE,
-        "batch_size": POSITIVE_INT,
-    },
-    "lora": {
-        "enabled": _boolean,
-        "rank": POSITIVE_INT,
-        "alpha": POSITIVE_INT,
-        "dropout": _fraction,
-        "target_modules": _modules,
-        "modules_to_save": _names,
-    },
-    # osmosis train run across a Ray cluster (workspace.sections.RaySection)
-    "ray": {
-        "address": _string,
-        "trainer_workers": _integer(0),
-        "rollout_servers": _integer(0),
-        "max_failures": _integer(0),
-    },
+# The sections each kind's submit carries besides advanced_config (the TOML's tables of the
+# same names; [lora] and [warmup] travel inside advanced_config).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "eval": ("evaluation",),
+    "training": ("training", "sampling", "checkpoints"),
 }
 
 
@@ -298,85 +162,73 @@ def check_submission(
 def _sections(
     kind: str, sections: Mapping[str, Mapping[str, object] | None], issues: list[Issue]
 ) -> dict[str, dict[str, object]]:
-    """The kind's sections without their null values; unknown sections and keys, values
-    that are not JSON and values a check refuses go to ``issues``."""
+    """The kind's sections without their null values; unknown sections, values that are not
+    JSON and what the config loader's rules refuse go to ``issues``."""
     kept: dict[str, dict[str, object]] = {}
-    allowed = SECTIONS[kind]
     for name, table in sections.items():
         if table is None:
             continue
         key = f"{name}_config"
-        if name != "advanced" and name not in allowed:
+        if name != "advanced" and name not in SECTIONS[kind]:
             issues.append({"key": key, "message": f"is not part of a{_article(kind)} run"})
             continue
         if (problem := _json_problem(table)) is not None:
             issues.append({"key": key, "message": problem})
             continue
-        if name == "advanced" and kind == "training":
-            _advanced(table, sections, issues)
-        if name != "advanced":
-            for item, value in table.items():
-                check = allowed[name].get(item)
-                if check is None and kind == "training" and item in ADVANCED_KEYS:
-                    issues.append(
-                        {
-                            "key": f"{key}.{item}",
-                            "message": f"set it under [advanced] ({item} = ...): the "
-                            "platform reads the trainer's own settings from advanced_config",
-                        }
-                    )
-                elif check is None:
-                    known = ", ".join(allowed[name])
-                    issues.append(
-                        {"key": f"{key}.{item}", "message": f"Unrecognized key (known: {known})"}
-                    )
-                elif value is not None and (problem := check(value)) is not None:
-                    issues.append({"key": f"{key}.{item}", "message": problem})
-        cleaned = {k: v for k, v in table.items() if v is not None}
+        cleaned = _without_nulls(table, typed=ADVANCED_TABLES + ADVANCED_ONLY_TABLES)
         if cleaned:
             kept[name] = cleaned
+    checked = dict(kept)
+    if kind == "training" and "training" in kept:
+        checked["training"] = _trainer_settings_out(kept["training"], issues)
+    found: list[ConfigIssue] = []
+    parse_sections("eval" if kind == "eval" else "training", checked, found)
+    issues.extend(_issue(problem) for problem in found)
     return kept
 
 
-def _advanced(
-    table: Mapping[str, object],
-    sections: Mapping[str, Mapping[str, object] | None],
-    issues: list[Issue],
-) -> None:
-    """Check the trainer settings of ``advanced_config`` (other keys pass as written); a
-    setting also given in its own section is refused, naming both places."""
-    training = sections.get("training") or {}
-    for item, check in ADVANCED_KEYS.items():
-        value = table.get(item)
-        if value is None:
-            continue
-        if item in training:
+def _without_nulls(table: Mapping[str, object], *, typed: tuple[str, ...]) -> dict[str, object]:
+    """``table`` without its null values (JSON's way to leave a setting unset), nor those of
+    its ``typed`` tables."""
+    cleaned: dict[str, object] = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and key in typed:
+            cleaned[key] = _without_nulls(value, typed=())  # pyright: ignore[reportUnknownArgumentType]
+        elif value is not None:
+            cleaned[key] = value
+    return cleaned
+
+
+def _trainer_settings_out(training: Mapping[str, object], issues: list[Issue]) -> dict[str, object]:
+    """``training_config`` without the trainer's own settings, which the platform takes in
+    ``advanced_config`` only (as the hosted platform does): each one found is an issue."""
+    for item in training:
+        if item in ADVANCED_TRAINING_KEYS:
             issues.append(
                 {
-                    "key": f"advanced_config.{item}",
-                    "message": "is set both in training_config and in advanced_config; "
-                    "keep one ([advanced])",
+                    "key": f"training_config.{item}",
+                    "message": f"set it under [advanced] ({item} = ...): the "
+                    "platform reads the trainer's own settings from advanced_config",
                 }
             )
-        elif (problem := check(value)) is not None:
-            issues.append({"key": f"advanced_config.{item}", "message": problem})
-    for name, checks in ADVANCED_TABLES.items():
-        value = table.get(name)
-        if value is None:
-            continue
-        key = f"advanced_config.{name}"
-        if not isinstance(value, dict):
-            issues.append({"key": key, "message": f"must be a table, got {_shown(value)}"})
-            continue
-        for item, inner in value.items():  # pyright: ignore[reportUnknownVariableType]
-            check = checks.get(str(item))  # pyright: ignore[reportUnknownArgumentType]
-            if check is None:
-                known = ", ".join(checks)
-                issues.append(
-                    {"key": f"{key}.{item}", "message": f"Unrecognized key (known: {known})"}
-                )
-            elif inner is not None and (problem := check(inner)) is not None:
-                issues.append({"key": f"{key}.{item}", "message": problem})
+    return {k: v for k, v in training.items() if k not in ADVANCED_TRAINING_KEYS}
+
+
+def _issue(problem: ConfigIssue) -> Issue:
+    """A config loader's issue (``advanced.lora.rank``) as the submit's (its section named
+    ``advanced_config``); the message without the key it starts with."""
+    issue = {
+        "key": _submitted_key(problem.key),
+        "message": problem.message.removeprefix(f"{problem.key} "),
+    }
+    if problem.key_correction is not None:
+        issue["key_correction"] = _submitted_key(problem.key_correction)
+    return issue
+
+
+def _submitted_key(key: str) -> str:
+    section, dot, rest = key.partition(".")
+    return f"{section}_config{dot}{rest}"
 
 
 def _experiment(config: Mapping[str, object], issues: list[Issue]) -> Experiment | None:
@@ -491,7 +343,7 @@ def _env(config: Mapping[str, object] | None, issues: list[Issue]) -> dict[str, 
         return env
     for name, value in config.items():
         key = f"env_config.{name}"
-        if not _ENV_NAME.match(name):
+        if not ENV_NAME.match(name):
             issues.append(
                 {"key": key, "message": "must be an environment variable name ([A-Z_][A-Z0-9_]*)"}
             )
@@ -513,7 +365,7 @@ def _env(config: Mapping[str, object] | None, issues: list[Issue]) -> dict[str, 
 def _required(names: list[str] | None, issues: list[Issue]) -> list[str]:
     required: list[str] = []
     for name in names or []:
-        if not _SECRET_NAME.match(name):
+        if not SECRET_NAME.match(name):
             issues.append(
                 {
                     "key": f"secrets.required.{name}",
