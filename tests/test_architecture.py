@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,22 @@ ALLOWED: dict[str, set[str]] = {
     "consts": set(),
     "lazy": set(),
     "deadlines": {"errors"},
+    "procs": set(),
     "rundir": {"errors", "consts"},
-    "rollout": {"lazy", "rundir", "deadlines", "errors", "consts"},
+    "rollout": {"lazy", "rundir", "deadlines", "procs", "errors", "consts"},
     "workspace": {"lazy", "rundir", "errors", "consts"},
-    "tracking": {"errors"},
-    "controller": {"lazy", "rollout", "rundir", "deadlines", "errors", "consts"},
-    "distributed": {"lazy", "controller", "rollout", "deadlines", "errors", "consts"},
+    "tracking": {"rundir", "errors"},
+    "controller": {"lazy", "rollout", "rundir", "deadlines", "procs", "errors", "consts"},
+    "distributed": {
+        "lazy",
+        "controller",
+        "rollout",
+        "rundir",
+        "deadlines",
+        "procs",
+        "errors",
+        "consts",
+    },
     "eval": {
         "lazy",
         "distributed",
@@ -32,6 +43,7 @@ ALLOWED: dict[str, set[str]] = {
         "tracking",
         "rundir",
         "deadlines",
+        "procs",
         "errors",
         "consts",
     },
@@ -45,6 +57,7 @@ ALLOWED: dict[str, set[str]] = {
         "tracking",
         "rundir",
         "deadlines",
+        "procs",
         "errors",
         "consts",
     },
@@ -57,10 +70,11 @@ ALLOWED: dict[str, set[str]] = {
         "workspace",
         "rundir",
         "deadlines",
+        "procs",
         "errors",
         "consts",
     },
-    "testing": {"lazy", "rollout", "controller", "deadlines", "errors", "consts"},
+    "testing": {"lazy", "rollout", "controller", "deadlines", "procs", "errors", "consts"},
     "cli": {
         "platform",
         "eval",
@@ -72,6 +86,7 @@ ALLOWED: dict[str, set[str]] = {
         "testing",
         "rundir",
         "deadlines",
+        "procs",
         "errors",
         "consts",
         "lazy",
@@ -85,19 +100,29 @@ def area_of(path: Path) -> str:
     return parts[0].removesuffix(".py")
 
 
+def _is_area(name: str) -> bool:
+    return (PACKAGE / f"{name}.py").is_file() or (PACKAGE / name / "__init__.py").is_file()
+
+
 def imported_areas(path: Path) -> set[str]:
+    """The areas ``path`` imports; a bare ``import osmosis_ai`` (or ``from osmosis_ai import``
+    a name that is no area) imports the root package, area ``__init__``."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "osmosis_ai" and not node.level:
+            names = [
+                f"osmosis_ai.{a.name}" if _is_area(a.name) else "osmosis_ai" for a in node.names
+            ]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
         for name in names:
             parts = name.split(".")
-            if parts[0] == "osmosis_ai" and len(parts) > 1:
-                found.add(parts[1])
+            if parts[0] == "osmosis_ai":
+                found.add(parts[1] if len(parts) > 1 else "__init__")
     return found
 
 
@@ -113,6 +138,14 @@ def test_imports_flow_one_way(path: Path):
     assert not illegal, (
         f"{path.relative_to(PACKAGE)} imports {sorted(illegal)}, against the dependency rule"
     )
+
+
+def test_a_bare_import_of_the_package_counts(tmp_path: Path):
+    module = tmp_path / "m.py"
+    module.write_text("import osmosis_ai\nfrom osmosis_ai import tracking, __version__\n")
+    assert imported_areas(module) == {"__init__", "tracking"}
+    module.write_text("from osmosis_ai import tracking\nimport osmosis_ai.errors\n")
+    assert imported_areas(module) == {"tracking", "errors"}
 
 
 def test_every_area_is_documented():
@@ -255,3 +288,126 @@ def test_no_import_cycles():
         for cycle in cycles
     ]
     assert not cycles, "modules that import each other (cut the cycle):\n" + "\n".join(described)
+
+
+# --- one exception tree ----------------------------------------------------------------------
+
+ROOT_ERROR = "osmosis_ai.errors.OsmosisError"
+# Run by a bare interpreter as a program of its own (python -I -S): it cannot import the package.
+STANDALONE = {"rollout/backend/harbor/sandbox_enter.py"}
+
+
+def _bindings(name: str, tree: ast.Module) -> dict[str, str]:
+    """The dotted name each name bound in module ``name`` stands for: its imports (also those
+    inside functions and under ``TYPE_CHECKING``) and its own classes."""
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                head = alias.name.partition(".")[0]
+                bound[alias.asname or head] = alias.name if alias.asname else head
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.ClassDef):
+            bound[node.name] = f"{name}.{node.name}"
+    return bound
+
+
+def _package_classes() -> dict[str, tuple[str, list[str]]]:
+    """Every class of the package: dotted name -> (``path:line``, its bases as dotted names)."""
+    bindings: dict[str, dict[str, str]] = {}
+    classes: dict[str, tuple[str, list[ast.expr]]] = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        bindings[name] = _bindings(name, tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                where = f"{path.relative_to(PACKAGE)}:{node.lineno}"
+                classes[f"{name}.{node.name}"] = (where, node.bases)
+
+    def resolve(dotted: str) -> str:
+        """Follow re-exports (``from a import B`` in module ``c``) to where ``B`` is defined."""
+        for _ in range(10):
+            if dotted in classes:
+                break
+            module, _, attr = dotted.rpartition(".")
+            if attr not in bindings.get(module, {}):
+                break
+            dotted = bindings[module][attr]
+        return dotted
+
+    def dotted(module: str, base: ast.expr) -> str:
+        parts: list[str] = []
+        while isinstance(base, ast.Attribute):
+            parts.insert(0, base.attr)
+            base = base.value
+        if not isinstance(base, ast.Name):
+            return "?"
+        head = bindings[module].get(base.id, f"builtins.{base.id}")
+        return resolve(".".join([head, *parts]))
+
+    return {
+        name: (where, [dotted(name.rpartition(".")[0], base) for base in bases])
+        for name, (where, bases) in classes.items()
+    }
+
+
+def _kind(base: str, classes: dict[str, tuple[str, list[str]]]) -> tuple[bool, bool]:
+    """(is an exception class, derives from OsmosisError) for the class named ``base``."""
+    if base == ROOT_ERROR:
+        return True, True
+    if base in classes:
+        kinds = [_kind(parent, classes) for parent in classes[base][1]]
+        return any(k[0] for k in kinds), any(k[1] for k in kinds)
+    if base.startswith("builtins."):
+        found = getattr(builtins, base.removeprefix("builtins."), None)
+        if not (isinstance(found, type) and issubclass(found, BaseException)):
+            return False, False
+        return not issubclass(found, Warning), False
+    # A class of another library: named as exceptions are.
+    return base.rpartition(".")[2].endswith(("Error", "Exception")), False
+
+
+def misnamed_or_rootless_errors() -> list[str]:
+    classes = _package_classes()
+    found = []
+    for name, (where, _) in sorted(classes.items()):
+        if where.partition(":")[0] in STANDALONE:
+            continue
+        is_error, rooted = _kind(name, classes)
+        short = name.rpartition(".")[2]
+        if is_error and (not short.endswith("Error") or not rooted):
+            why = [] if rooted else ["not an OsmosisError"]
+            why += [] if short.endswith("Error") else ["name does not end in Error"]
+            found.append(f"{where} {short}: {', '.join(why)}")
+    return found
+
+
+def test_the_exception_walk_sees_bases_across_modules():
+    classes = _package_classes()
+    assert _kind("osmosis_ai.errors.MissingExtraError", classes) == (True, True)
+    assert _kind("osmosis_ai.platform.errors.NotFoundError", classes) == (True, True)
+    assert _kind("osmosis_ai.rollout.http1.WriteTimeoutError", classes) == (True, True)
+    assert _kind("osmosis_ai.rollout.backend.base.ExecutionBackend", classes)[0] is False
+    fake = {
+        "m.Plain": ("m.py:1", ["builtins.ValueError"]),
+        "m.Rooted": ("m.py:2", [ROOT_ERROR]),
+        "m.Child": ("m.py:3", ["m.Rooted"]),
+        "m.Library": ("m.py:4", ["httpx.HTTPError"]),
+    }
+    assert _kind("m.Plain", fake) == (True, False)
+    assert _kind("m.Child", fake) == (True, True)
+    assert _kind("m.Library", fake) == (True, False)
+
+
+def test_every_exception_is_an_osmosis_error_named_error():
+    """One root exception (docs/architecture.md, errors.py): every exception class of the
+    package derives from OsmosisError, and its name ends in Error."""
+    found = misnamed_or_rootless_errors()
+    assert not found, "exception classes outside the tree:\n" + "\n".join(found)
