@@ -6,15 +6,21 @@ Measures, over N sequential trials of a minimal task (``FROM ubuntu`` + ``WORKDI
   for the ``public`` and ``no-network`` (with one forwarded endpoint) policies;
 * ``docker``: Harbor's own ``docker`` environment on the same task, in the same run, where
   a Docker engine answers and Compose V2 is installed (else it says which is missing);
-* ``concurrent``: 8 sandboxes started, used and stopped at once, K rounds; errors counted.
+* ``concurrent``: 8 sandboxes started, used and stopped at once, K rounds; errors counted;
+* ``phase switch``: one sandbox started ``public`` with a restricted phase announced (as
+  Harbor does for ``[agent] network_mode``), switched to ``no-network`` (with a forwarded
+  endpoint) or ``allowlist`` (a host name: forwarding and ``/etc/hosts`` change) and back,
+  each switch timed alone (ms p50/p95), and the trial with both switches and an exec in
+  each phase.
 
 With ``--baseline-src DIR`` (the ``src`` folder of another checkout, e.g. from ``git archive
 REV src``), that checkout's sandbox runs in the same process, its trials interleaved with
 this one's (alternating which goes first), and each series prints both p50s and their ratio:
 a before/after comparison under the same machine load.
 
-Target: sandbox p50 <= 150 ms. Needs Python >= 3.12 with the harbor extra, Linux, root and
-bubblewrap: ``.venv-harbor/bin/python bench/harbor_sandbox.py [--trials 30]``.
+Targets: sandbox p50 <= 150 ms; a phase switch p50 <= 50 ms. Needs Python >= 3.12 with the
+harbor extra, Linux, root and bubblewrap:
+``.venv-harbor/bin/python bench/harbor_sandbox.py [--trials 30]``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TARGET_P50_MS = 150.0
+TARGET_SWITCH_MS = 50.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -87,6 +94,7 @@ def make_env(
 
     task = Task(task_dir)
     policy = kwargs.pop("network_policy", None)
+    phases = kwargs.pop("phase_network_policies", None)
     name = uuid.uuid4().hex[:8]
     paths = TrialPaths(work / "trials" / name)
     paths.mkdir()
@@ -102,6 +110,7 @@ def make_env(
         trial_paths=paths,
         task_env_config=task.config.environment,
         **({"network_policy": policy} if policy is not None else {}),
+        **({"phase_network_policies": phases} if phases is not None else {}),
     )
 
 
@@ -169,6 +178,56 @@ async def concurrent(rounds: int, width: int, task_dir: Path, work: Path) -> Non
         f"wall p50={statistics.median(times):7.1f} ms per round of {width}; "
         f"leftover mounts={mounts}"
     )
+
+
+async def phase_switches(label: str, n: int, task_dir: Path, work: Path, phase: Any) -> None:
+    """Switch one public sandbox to ``phase`` and back ``n`` times, each switch timed; then
+    ``n`` trials of start, exec, switch, exec, switch back, exec, stop."""
+    from harbor.models.task.config import NetworkMode, NetworkPolicy
+
+    public = NetworkPolicy(network_mode=NetworkMode.PUBLIC)
+    kwargs: dict[str, Any] = {
+        "network_policy": public,
+        "phase_network_policies": [phase],
+        "forward_endpoints": ["http://127.0.0.1:9/v1"],
+    }
+    env = make_env("sandbox", task_dir, work, **dict(kwargs))
+    await env.start(force_build=False)
+    took: dict[str, list[float]] = {"restrict": [], "widen": []}
+    try:
+        for i in range(n + 1):
+            for name, policy in (("restrict", phase), ("widen", public)):
+                started = time.perf_counter()
+                await env.set_network_policy(policy)
+                if i:  # the first round warms up, not counted
+                    took[name].append((time.perf_counter() - started) * 1000)
+    finally:
+        await env.stop(delete=True)
+    for name, values in took.items():
+        p50, p95 = statistics.median(values), percentile(values, 0.95)
+        verdict = "met" if p50 <= TARGET_SWITCH_MS else "MISSED"
+        print(
+            f"{label + ' ' + name:<40} n={n:<4} p50={p50:7.1f} ms  p95={p95:7.1f} ms  "
+            f"(target p50 <= {TARGET_SWITCH_MS:.0f} ms: {verdict})"
+        )
+    trials: list[float] = []
+    for _ in range(n):
+        env = make_env("sandbox", task_dir, work, **dict(kwargs))
+        started = time.perf_counter()
+        await env.start(force_build=False)
+        try:
+            for policy in (phase, public, None):
+                result = await env.exec("true")
+                if result.return_code != 0:
+                    raise RuntimeError(f"exec failed in a {label} sandbox: {result}")
+                if policy is not None:
+                    await env.set_network_policy(policy)
+        finally:
+            await env.stop(delete=True)
+        trials.append((time.perf_counter() - started) * 1000)
+    p50, p95 = statistics.median(trials), percentile(trials, 0.95)
+    label = f"{label} trial (3 execs, 2 switches)"
+    print(f"{label:<40} n={n:<4} p50={p50:7.1f} ms  p95={p95:7.1f} ms")
 
 
 def docker_baseline_missing(engine_answers: bool) -> str | None:
@@ -244,6 +303,20 @@ async def main() -> int:
         else:
             print(f"{'docker (Harbor own env)':<28} baseline unavailable: {missing}")
         await concurrent(args.rounds, args.width, task_dir, work)
+        await phase_switches(
+            "phase switch public<->no-network",
+            args.trials,
+            task_dir,
+            work,
+            NetworkPolicy(network_mode=NetworkMode.NO_NETWORK),
+        )
+        await phase_switches(
+            "phase switch public<->allowlist",
+            args.trials,
+            task_dir,
+            work,
+            NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["example.com"]),
+        )
     return 0
 
 
