@@ -123,9 +123,7 @@ class Dispatcher(HttpClientOwner):
         switches an auto-detected callback server to polling."""
         async with self._detecting:
             if self.generation is None:
-                body = await self.client.health()
-                polling = "process_id" in body and "lifecycle" in body
-                self.generation = "polling" if polling else "callback"
+                self.generation = await self.client.generation()
             return self.generation
 
     async def cancel_all(self, ids: Iterable[str]) -> dict[str, CancelDisposition]:

@@ -31,6 +31,7 @@ from osmosis_ai.rollout.protocol import (
     POLLING_LEASE_HEADER,
     CancelDisposition,
     CancelRolloutsResponse,
+    Generation,
     RolloutInitResponse,
     RolloutResultResponse,
     RolloutStatusResponse,
@@ -459,6 +460,12 @@ class RolloutClient(HttpClientOwner):
                 status_code=response.status_code,
             )
         return body
+
+    async def generation(self) -> Generation:
+        """The protocol generation the server speaks, from its ``/health``: a body with
+        ``process_id`` and ``lifecycle`` is a polling server's, any other a callback one's."""
+        body = await self.health()
+        return "polling" if "process_id" in body and "lifecycle" in body else "callback"
 
     async def wait_idle(
         self,

@@ -266,9 +266,7 @@ class ProtocolController(HttpClientOwner):
     async def resolve_generation(self) -> Generation:
         """The generation used for this server (asks ``/health`` once in auto mode)."""
         if self._generation is None:
-            health = await self.client.health()
-            polling = "process_id" in health and "lifecycle" in health
-            self._generation = "polling" if polling else "callback"
+            self._generation = await self.client.generation()
         return self._generation
 
     async def receiver_url(self) -> str:
