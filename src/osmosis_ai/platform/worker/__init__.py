@@ -13,7 +13,6 @@ Layout::
     execute.py   the process of one attempt (``python -m ...worker.execute SPEC``): checkout,
                  secrets and ``[env]``, the JobContext, the job; dies with its worker
     checkout.py  the run's commit checked out from the workspace's bare mirror
-    processes.py signalling a run's process group and every group started beneath it
     eval_job.py  a managed eval run: its config, dataset and rows, then ``run_eval`` with
                  every finished item stored as a sample (batched) and its logs redacted;
                  resume from the journal or the stored samples, retry of failed items
