@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from osmosis_ai.controller.calls import Usage
 from osmosis_ai.controller.dialect import (
     ChunkReader,
     ChunkSink,
@@ -202,17 +203,14 @@ def _stop(body: Json, finish_reason: object, matched: object) -> tuple[str, str 
     return _STOP_REASONS.get(str(finish_reason), "end_turn"), None
 
 
-def _usage(usage: object) -> Json:
-    if not isinstance(usage, dict):
-        return {"input_tokens": 0, "output_tokens": 0}
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+def _usage(raw: object) -> Json:
+    usage = Usage.parse(raw) or Usage()
     answer = {
-        "input_tokens": usage.get("prompt_tokens") or 0,
-        "output_tokens": usage.get("completion_tokens") or 0,
+        "input_tokens": usage.prompt_tokens or 0,
+        "output_tokens": usage.completion_tokens or 0,
     }
-    if cached is not None:
-        answer["cache_read_input_tokens"] = cached
+    if usage.cached_tokens is not None:
+        answer["cache_read_input_tokens"] = usage.cached_tokens
     return answer
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from osmosis_ai.controller.calls import Usage
 from osmosis_ai.controller.dialect import (
     ChunkReader,
     ChunkSink,
@@ -35,6 +36,7 @@ _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _COPIED = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "seed")
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+_SNAPSHOT = b'event: %s\ndata: {"type":"%s","sequence_number":%d,"response":%s}\n\n'
 _TEXT_DELTA = (
     b"event: response.output_text.delta\ndata: "
     b'{"type":"response.output_text.delta","sequence_number":%d,"item_id":"%s",'
@@ -210,18 +212,16 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
     }
 
 
-def _usage(usage: object) -> Json | None:
-    if not isinstance(usage, dict):
+def _usage(raw: object) -> Json | None:
+    usage = Usage.parse(raw)
+    if usage is None:
         return None
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
     return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached or 0},
-        "output_tokens": completion,
+        "input_tokens": usage.prompt_tokens or 0,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens or 0},
+        "output_tokens": usage.completion_tokens or 0,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.get("total_tokens") or prompt + completion,
+        "total_tokens": usage.total,
     }
 
 
@@ -303,9 +303,10 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
     def _start(self) -> None:
         if not self._started:
             self._started = True
-            snapshot = self._snapshot("in_progress")
-            self._emit("response.created", response=snapshot)
-            self._emit("response.in_progress", response=snapshot)
+            snapshot = JSON_ENCODER.encode(self._snapshot("in_progress")).encode()
+            for kind in (b"response.created", b"response.in_progress"):  # one encoding
+                self._out.append(_SNAPSHOT % (kind, kind, self._sequence, snapshot))
+                self._sequence += 1
 
     def feed(self, chunk: Json) -> bytes:
         if not self._started and isinstance(chunk.get("model"), str):
