@@ -181,13 +181,15 @@ class LocalBackend(ExecutionBackend):
                     await _notify(on_grader_complete, _ungraded(workflow), "grader")
             outcome = ExecutionOutcome(workflow, grader)
             final = outcome.result
-            self._finish(request.id, tracked, final.status, final.sample, final.err_message)
+            self._rollouts.finish(
+                request.id, tracked, final.status, final.sample, final.err_message
+            )
             return outcome
         except asyncio.CancelledError:
-            self._finish(request.id, tracked, RolloutStatus.CANCELLED, None, "cancelled")
+            self._rollouts.finish(request.id, tracked, RolloutStatus.CANCELLED, None, "cancelled")
             raise
         except BaseException as exc:
-            self._finish(
+            self._rollouts.finish(
                 request.id, tracked, RolloutStatus.FAILURE, None, str(exc) or type(exc).__name__
             )
             raise
@@ -340,16 +342,6 @@ class LocalBackend(ExecutionBackend):
     def _set_status(self, tracked: _Tracked, status: RolloutStatus) -> None:
         if not tracked.status.is_terminal:
             tracked.status = status
-
-    def _finish(
-        self,
-        rollout_id: str,
-        tracked: _Tracked,
-        status: RolloutStatus,
-        sample: RolloutSample | None,
-        err_message: str | None,
-    ) -> None:
-        self._rollouts.finish(rollout_id, tracked, status, sample, err_message)
 
 
 def _prepare_artifacts_dir(root: Path, rollout_id: str) -> Path | None:
