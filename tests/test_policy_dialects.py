@@ -413,3 +413,195 @@ async def test_scripted_model_answers_responses_and_messages_clients_directly():
             await anthropic.AsyncAnthropic(
                 base_url=model.url, api_key="wrong", max_retries=0
             ).messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}])
+
+
+# -- the mapping in detail ---------------------------------------------------------------
+
+
+async def test_responses_items_roles_parts_and_formats_map_onto_chat():
+    model = scripted(ScriptedTurn(content="cut", finish_reason="length"))
+    async with rig(model) as r:
+        answer = await r.openai().responses.create(
+            model="any",
+            input=[
+                {"role": "developer", "content": "Answer in JSON."},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "Describe "},
+                        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+                    ],
+                },
+            ],
+            text={"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}}},
+            tool_choice={"type": "function", "name": "add"},
+            tools=[ADD_TOOL_RESPONSES],
+            parallel_tool_calls=False,
+            max_output_tokens=3,
+        )
+        assert answer.status == "incomplete"
+        assert answer.incomplete_details is not None
+        assert answer.incomplete_details.reason == "max_output_tokens"
+        sent = r.upstream_body()
+        assert sent["messages"] == [
+            {"role": "system", "content": "Answer in JSON."},  # developer; reasoning skipped
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe "},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            },
+        ]
+        assert sent["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "out", "schema": {"type": "object"}},
+        }
+        assert sent["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+        assert (sent["parallel_tool_calls"], sent["max_tokens"]) == (False, 3)
+
+
+async def test_messages_blocks_and_choices_map_onto_chat():
+    model = scripted(
+        ScriptedTurn(content="cut", finish_reason="length"), on_exhausted="repeat_last"
+    )
+    async with rig(model) as r:
+        answer = await r.anthropic().messages.create(
+            model="c",
+            max_tokens=3,
+            system=[{"type": "text", "text": "Be exact."}],
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Look: "},
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"},
+                        },
+                    ],
+                },
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "hm", "signature": "s"},
+                        {"type": "text", "text": "Adding."},
+                        {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "1"}],
+                            "is_error": False,
+                        }
+                    ],
+                },
+            ],
+            tools=[ADD_TOOL_MESSAGES],
+            tool_choice={"type": "tool", "name": "add", "disable_parallel_tool_use": True},
+        )
+        assert answer.stop_reason == "max_tokens"
+        sent = r.upstream_body()
+        assert sent["messages"] == [
+            {"role": "system", "content": "Be exact."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Look: "},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": "Adding.",  # the thinking block is skipped
+                "tool_calls": [
+                    {
+                        "id": "t1",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": json.dumps({"a": 1})},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "t1", "content": "1"},
+        ]
+        assert sent["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+        assert sent["parallel_tool_calls"] is False
+
+
+class CrashingUpstream:
+    """A chat upstream whose stream breaks after two chunks."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        head = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": POLICY}
+        chunks = [
+            {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+            {**head, "choices": [{"index": 0, "delta": {"content": "partial"}}]},
+        ]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for chunk in chunks:
+            event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        raise RuntimeError("upstream crashed mid-stream")
+
+
+def named_events(text: str) -> list[tuple[str, dict[str, Any]]]:
+    events = []
+    for block in text.split("\n\n"):
+        lines = block.split("\n")
+        if len(lines) == 2 and lines[0].startswith("event: "):
+            events.append((lines[0][7:], json.loads(lines[1].removeprefix("data: "))))
+    return events
+
+
+async def test_a_stream_that_breaks_ends_with_the_apis_own_error_event():
+    async with contextlib.AsyncExitStack() as stack:
+        origin = await stack.enter_async_context(
+            serve_in_task(CrashingUpstream(), log_level="critical")
+        )
+        upstream = OpenAICompatibleUpstream(origin + "/v1", None, POLICY, timeout=20)
+        stack.push_async_callback(upstream.aclose)
+        proxy = PolicyProxy(upstream)
+        proxy.register("r1")
+        base = proxy.chat_base_url("r1", await stack.enter_async_context(serve_in_task(proxy)))
+        http = await stack.enter_async_context(
+            httpx.AsyncClient(headers={"x-api-key": proxy.token}, timeout=20)
+        )
+        responses = await http.post(
+            base + "/responses", json={"model": "m", "input": "hi", "stream": True}
+        )
+        messages = await http.post(
+            base + "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 8,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+    events = named_events(responses.text)
+    assert events[0][0] == "response.created"
+    assert next(e for e in events if e[0] == "response.output_text.delta")[1]["delta"] == "partial"
+    kind, error = events[-1]
+    assert kind == "error" and error["type"] == "error" and "mid-stream" in error["message"]
+    assert error["sequence_number"] == len(events) - 1
+    events = named_events(messages.text)
+    assert events[0][0] == "message_start"
+    assert events[-1] == ("error", {"type": "error", "error": events[-1][1]["error"]})
+    assert events[-1][1]["error"]["type"] == "api_error"
+    assert "mid-stream" in events[-1][1]["error"]["message"]
+    assert all(call.status_code == 502 for call in proxy.calls("r1"))
