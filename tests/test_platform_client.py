@@ -447,5 +447,52 @@ def test_a_download_keeps_a_safe_path_and_the_last_part_of_a_name():
     )
     assert safe_name("../../etc/sums.jsonl") == "sums.jsonl"
     assert safe_name("dir\\sums.jsonl") == "sums.jsonl"
-    with pytest.raises(UnsafeAnswerError, match="bad name: '..'"):
+    with pytest.raises(UnsafeAnswerError, match=r"bad name: '\.\.'"):
         safe_name("..", "name")
+
+
+# --- the library sequences, without the CLI ---------------------------------------------------
+
+
+def test_a_dataset_goes_up_and_comes_back_through_the_library_alone(standin, tmp_path):
+    from osmosis_ai.platform.client.datasets import (
+        check_dataset_file,
+        download_dataset,
+        upload_dataset,
+    )
+    from osmosis_ai.platform.client.errors import AlreadyExistsError, LocalFileError
+
+    token = standin.add_token()
+    standin.add_workspace("acme/demo")
+    rows = "".join(
+        json.dumps({"user_prompt": f"q{i}", "system_prompt": "s", "ground_truth": str(i)}) + "\n"
+        for i in range(5)
+    )
+    source = tmp_path / "sums.jsonl"
+    source.write_text(rows)
+    with pytest.raises(LocalFileError) as missing:
+        check_dataset_file(tmp_path / "absent.jsonl")
+    assert missing.value.code == "NOT_FOUND"
+    shown: list[tuple[int, str]] = []
+
+    def bar(total: int, description: str):
+        import contextlib
+
+        shown.append((total, description))
+        return contextlib.nullcontext(None)
+
+    with PlatformClient(standin.url, token, git_identity="acme/demo") as client:
+        dataset = check_dataset_file(source)
+        record = upload_dataset(client, dataset, progress=bar)
+        assert record["status"] == "uploaded" and record["file_name"] == "sums"
+        with pytest.raises(AlreadyExistsError) as taken:
+            upload_dataset(client, dataset)
+        assert taken.value.code == "CONFLICT" and "already exists" in taken.value.message
+        done = download_dataset(client, "sums", str(tmp_path / "out") + "/", progress=bar)
+        assert done.path == tmp_path / "out" / "sums.jsonl" and done.path.read_text() == rows
+        with pytest.raises(AlreadyExistsError):
+            download_dataset(client, "sums", str(done.path))
+    assert shown == [
+        (len(rows), "Uploading sums.jsonl"),
+        (len(rows), "Downloading sums.jsonl"),
+    ]

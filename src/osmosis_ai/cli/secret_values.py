@@ -5,14 +5,11 @@ A platform error that repeats a value the CLI sent is redacted before anyone see
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable
-
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
-from osmosis_ai.platform.client import PlatformClientError
+from osmosis_ai.platform.client.errors import redacted
 from osmosis_ai.workspace.config import SECRET_NAME
 
-REDACTED = "[REDACTED]"
+__all__ = ["check_secret_name", "prompt_hidden", "redacted"]
 
 
 def check_secret_name(name: str) -> None:
@@ -33,32 +30,3 @@ def prompt_hidden(prompt: str) -> str:
         return getpass.getpass(prompt)
     except EOFError:
         return ""
-
-
-def redact(value: object, secrets: list[str]) -> object:
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {
-            redact(k, secrets): REDACTED
-            if str(k).lower() in ("value", "secret", "secret_value")
-            else redact(v, secrets)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact(item, secrets) for item in value]
-    return value
-
-
-def redacted(exc: PlatformClientError, values: Iterable[str]) -> PlatformClientError:
-    """A copy of ``exc`` with every value (longest first) replaced by ``[REDACTED]``."""
-    secrets = sorted({v for v in values if v}, key=len, reverse=True)
-    clean = copy.copy(exc)
-    message = redact(exc.message, secrets)
-    clean.message = message if isinstance(message, str) else exc.message
-    clean.args = (clean.message,)
-    details = redact(exc.details, secrets)
-    clean.details = details if isinstance(details, dict) else {}
-    return clean

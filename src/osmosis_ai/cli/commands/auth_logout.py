@@ -12,10 +12,7 @@ import os
 from osmosis_ai.cli.confirm import confirm
 from osmosis_ai.cli.output import Context, OperationResult, Result
 from osmosis_ai.cli.platform_session import credential_store, platform_target
-from osmosis_ai.platform.client import PlatformClient, PlatformClientError
-from osmosis_ai.platform.client.credentials import Credentials, CredentialStore
-
-_UNREADABLE = ("CREDENTIALS_PARSE_FAILED", "CREDENTIALS_VERSION_CHANGED")
+from osmosis_ai.platform.client.login import logout, saved_login_store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,12 +24,7 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
     platform_url = target.platform_url
     env_token_set = bool(os.environ.get("OSMOSIS_TOKEN"))
     store = credential_store(ctx, target)
-    try:
-        saved = store.stored_in()
-    except PlatformClientError as exc:
-        if exc.code not in _UNREADABLE:
-            raise
-        saved = "unknown"
+    saved = saved_login_store(store)
     if saved is None:
         resource: dict[str, object] = {
             "logged_in": env_token_set,
@@ -61,11 +53,7 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
         yes=args.yes,
         summary={"Platform": platform_url, "Token store": saved},
     )
-    credentials = _saved_login(ctx, store)
-    revoked = False
-    if credentials is not None and not credentials.is_expired():
-        revoked = _revoke(ctx, platform_url, credentials)
-    store.delete()
+    revoked = logout(platform_url, store=store, warn=ctx.warn)
     if env_token_set:
         ctx.warn(
             "ENV_TOKEN_ACTIVE",
@@ -92,45 +80,3 @@ def run(args: argparse.Namespace, ctx: Context) -> Result:
             [{"action": "unset_env", "name": "OSMOSIS_TOKEN"}] if env_token_set else []
         ),
     )
-
-
-def _saved_login(ctx: Context, store: CredentialStore) -> Credentials | None:
-    try:
-        return store.load()
-    except PlatformClientError as exc:
-        if exc.code == "KEYRING_UNAVAILABLE" or exc.code in _UNREADABLE:
-            ctx.warn(
-                "TOKEN_REVOKE_FAILED",
-                f"The saved token could not be read ({exc.message}), so it was not revoked.",
-            )
-            return None
-        raise
-
-
-def revoke_token(ctx: Context, platform_url: str, credentials: Credentials) -> str | None:
-    """Revoke the token of ``credentials`` on the platform, asking the platform for its id
-    when the login did not save one. None once it is revoked or already unknown there;
-    otherwise why it could not be revoked (``auth login`` revokes a replaced login here too).
-    """
-    with PlatformClient(platform_url, credentials.access_token, warn=ctx.warn) as client:
-        token_id = credentials.token_id
-        if token_id is None:
-            try:
-                token_id = client.verify().token_id
-            except PlatformClientError as exc:
-                if exc.code == "AUTH_REQUIRED":
-                    return None  # the platform no longer knows the token: nothing to revoke
-                return exc.message
-            if not token_id:
-                return "the platform did not say which token it is"
-        return client.revoke(token_id)
-
-
-def _revoke(ctx: Context, platform_url: str, credentials: Credentials) -> bool:
-    failure = revoke_token(ctx, platform_url, credentials)
-    if failure is not None:
-        ctx.warn(
-            "TOKEN_REVOKE_FAILED", f"The token could not be revoked on the platform: {failure}"
-        )
-        return False
-    return True

@@ -8,7 +8,14 @@ library), never server code, so a client needs no ``platform`` extra.
                     keyring or an owner-only v2 file)
     transfer.py     bytes through presigned URLs (one PUT or parts up, a streamed GET down)
     local_repo.py   the clone's ``origin`` owner/repo, unpushed work
-    submit.py       the submit preflight and payload
+    submit.py       the submit: preflight, rows and stored secrets looked up, payload, POST
+    login.py        login (a token verified, or a device login), logout, token revocation
+    datasets.py     a dataset's upload (validated, created, sent, completed) and download
+    checkpoints.py  a training checkpoint's download
+    eval_runs.py    an eval run's download into a local run dir; a local run's upload
+
+Each command of the CLI's platform group parses its options, calls one of these, and shows
+the result; these raise the errors of ``errors.py`` and never print.
 
 This package re-exports ``api.py`` and ``errors.py``, the import path the CLI has always used.
 """

@@ -6,6 +6,7 @@
     ├── AlreadyExistsError    CONFLICT: the name is taken, or files are where a download goes
     ├── NotReadyError         VALIDATION: the resource cannot be fetched in its state
     ├── SubmitRefusedError    VALIDATION: the run's config cannot run on the platform as it is
+    ├── LoginError            the login failed (its message speaks of the token being tried)
     ├── UnsafeAnswerError     PLATFORM_ERROR: the platform named a path outside the target
     └── NotCompletedError     PLATFORM_ERROR: the bytes went up, the platform was not told
 
@@ -79,6 +80,10 @@ def redacted(exc: PlatformClientError, values: Iterable[str]) -> PlatformClientE
     details = redact(exc.details, secrets)
     clean.details = details if isinstance(details, dict) else {}
     return clean
+
+
+class LoginError(PlatformClientError):
+    """The login failed; its message speaks of the token being tried, not of a saved session."""
 
 
 class _CodedError(PlatformClientError):

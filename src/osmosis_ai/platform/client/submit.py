@@ -9,6 +9,7 @@ is looked up; the local clone is compared with what the platform will fetch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -20,9 +21,12 @@ from pathlib import Path
 
 from osmosis_ai.errors import UsageError
 from osmosis_ai.platform.client import local_repo
+from osmosis_ai.platform.client.api import PlatformClient, SubmitResult, segment
+from osmosis_ai.platform.client.errors import PlatformClientError, SubmitRefusedError, redacted
 from osmosis_ai.workspace import EvalConfig, TrainingConfig
 
 MISSING_SECRET = re.compile(r"Secret\(s\) not found: ([A-Z0-9_, ]+)")
+WIRE_PERSONAL = "user"  # the scope the platform calls a personal secret's
 
 Advisory = tuple[str, str]  # (warning code, message): worth knowing, not worth stopping for
 
@@ -298,3 +302,153 @@ def run_payload(
             secrets["provided"] = dict(provided_secrets)
         body["secrets"] = secrets
     return body
+
+
+# --- the submit -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubmitKind:
+    """What differs between the two submits."""
+
+    verb: str  # "eval" | "train"
+    label: str  # "Evaluation" | "Training"
+    config_dir: str  # "configs/eval"
+    endpoint: str  # "/api/cli/eval-runs"
+
+    @property
+    def operation(self) -> str:
+        return f"{self.verb}.submit"
+
+
+EVAL = SubmitKind("eval", "Evaluation", "configs/eval", "/api/cli/eval-runs")
+TRAIN = SubmitKind("train", "Training", "configs/training", "/api/cli/training-runs")
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    """A submit checked locally: the config, what is worth a warning, the rows a managed
+    eval evaluates (``None`` for training) and the notes on what the platform fetches."""
+
+    config: EvalConfig | TrainingConfig
+    advisories: list[Advisory]
+    rows: dict[str, object] | None
+    notes: list[str]
+
+
+def prepare_submit(
+    client: PlatformClient, kind: SubmitKind, config_path: Path, root: Path
+) -> SubmitPlan:
+    """Load and check the config (relative to the working directory, else to the workspace
+    directory ``root``), import its entrypoint, look a pinned commit up and compare the
+    clone with what the platform will fetch."""
+    config = _load(kind, _config_path(config_path, root), root)
+    advisories = backend_preflight(config, f"osmosis {kind.verb} submit")
+    experiment = config.experiment
+    if experiment.commit_sha:
+        commit = check_pinned_commit(root, experiment.commit_sha)
+        if commit.error:
+            raise SubmitRefusedError(commit.error)
+        advisories += commit.warnings
+    rows = eval_rows(client, config) if isinstance(config, EvalConfig) else None
+    notes, fetch_warnings = remote_fetch_notice(
+        root, branch=experiment.branch, commit_sha=experiment.commit_sha
+    )
+    return SubmitPlan(config, advisories + fetch_warnings, rows, notes)
+
+
+def _config_path(path: Path, root: Path) -> Path:
+    path = path.expanduser()
+    if path.is_absolute() or path.exists():
+        return path.resolve()
+    return (root / path).resolve()
+
+
+def _load(kind: SubmitKind, path: Path, root: Path) -> EvalConfig | TrainingConfig:
+    from osmosis_ai.workspace import Workspace, load_eval_config, load_training_config
+
+    workspace = Workspace(root)
+    config = (
+        load_eval_config(path, workspace) if kind is EVAL else load_training_config(path, workspace)
+    )
+    if config.model_dir is not None:
+        raise SubmitRefusedError(
+            f"experiment.model_path {config.experiment.model_path!r} is a local directory, "
+            "which the platform cannot read: name a model the platform serves (see `osmosis "
+            "model list`).",
+            {"key": "experiment.model_path"},
+        )
+    return config
+
+
+def eval_rows(client: PlatformClient, config: EvalConfig) -> dict[str, object]:
+    """The rows a managed eval evaluates: ``limit`` (``None``: every row) and, when the
+    platform names it, the dataset's row count and so the count evaluated."""
+    limit = config.evaluation.limit
+    total: int | None = None
+    with contextlib.suppress(PlatformClientError):  # the platform checks the dataset at submit
+        found = client.call("GET", f"/api/cli/datasets/{segment(config.experiment.dataset)}")
+        count = found.get("row_count")
+        total = count if isinstance(count, int) and not isinstance(count, bool) else None
+    rows = None if total is None else total if limit is None else min(limit, total)
+    return {"limit": limit, "dataset_rows": total, "rows": rows}
+
+
+def stored_secret_scopes(client: PlatformClient) -> dict[str, str] | None:
+    """Stored secret names and the scope a run would use (personal wins); ``None`` when
+    they cannot be listed (``SECRETS_LOOKUP_FAILED`` warns: the platform checks at submit)."""
+    try:
+        page = client.fetch(
+            "/api/cli/environment-secrets",
+            "environment_secrets",
+            fetch_all=True,
+            params={"scope": "all"},
+        )
+    except PlatformClientError as exc:
+        if exc.code == "AUTH_REQUIRED":
+            raise
+        if client.warn is not None:
+            client.warn(
+                "SECRETS_LOOKUP_FAILED",
+                f"Could not list the platform's stored secrets ({exc.message}); the platform "
+                "will check them at submit.",
+            )
+        return None
+    workspace = {str(s.get("name")) for s in page.items if s.get("scope") == "workspace"}
+    personal = {str(s.get("name")) for s in page.items if s.get("scope") == WIRE_PERSONAL}
+    scopes = {name: "Workspace" for name in workspace}
+    for name in personal:
+        scopes[name] = "Personal (overrides workspace)" if name in workspace else "Personal"
+    return scopes
+
+
+def post_run(
+    client: PlatformClient,
+    kind: SubmitKind,
+    config: EvalConfig | TrainingConfig,
+    provided: dict[str, str],
+) -> SubmitResult:
+    """``POST`` the run with the secret values ``provided`` for it; an error the platform
+    answers with never repeats them, and says how to add secrets it lacks."""
+    try:
+        answer = client.call("POST", kind.endpoint, json=run_payload(config, provided))
+    except PlatformClientError as exc:
+        clean = redacted(exc, provided.values()) if provided else exc
+        error_text = clean.details.get("error")
+        haystack = f"{clean.message}\n{error_text if isinstance(error_text, str) else ''}"
+        found = MISSING_SECRET.search(haystack) if clean.status_code == 404 else None
+        if found is not None:
+            names = [n.strip() for n in found.group(1).split(",") if n.strip()]
+            hints = "\n".join(f"  osmosis secret set {name}" for name in names)
+            clean.message = (
+                f"{clean.message}\n\nAdd them with:\n{hints}\n\nSecrets default to personal "
+                "scope; use --scope workspace for secrets shared across the workspace."
+            )
+        elif clean.status_code in (404, 405, 501) and "platform_code" not in clean.details:
+            clean.message = (
+                f"This platform does not accept {kind.label.lower()} runs: POST {kind.endpoint} "
+                f"answered HTTP {clean.status_code}."
+            )
+        clean.args = (clean.message,)
+        raise clean from None
+    return client.model(SubmitResult, answer, f"POST {kind.endpoint}")
