@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from osmosis_ai.cli import records
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
@@ -34,9 +33,6 @@ from osmosis_ai.platform.client.credentials import (
     Target,
     resolve_target,
 )
-
-if TYPE_CHECKING:
-    from osmosis_ai.platform.client.transfer import Transfers
 
 NOT_LOGGED_IN = "Not logged in. Run 'osmosis auth login' first, or set OSMOSIS_TOKEN."
 SCAFFOLD_DIRS = ("rollouts", "configs/training", "configs/eval", "data")
@@ -169,12 +165,6 @@ class Session:
                 warn=self.ctx.warn,
             )
         return self._client
-
-    def transfers(self) -> Transfers:
-        """Moves bytes through the presigned URLs this platform hands out."""
-        from osmosis_ai.platform.client.transfer import transfers_for
-
-        return transfers_for(self.client)
 
     def result_context(self) -> dict[str, object]:
         return self.workspace.result_context() if self.workspace is not None else {}
