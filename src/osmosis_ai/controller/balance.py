@@ -1,13 +1,15 @@
-"""``BalancedDispatcher``: one dispatcher over several rollout servers.
+"""``BalancedDispatcher``: one dispatcher over several rollout servers (a fleet).
 
 Each attempt goes to the live server with the lowest load for its advertised ``/health``
-capacity (in flight ÷ capacity), through that server's own :class:`Dispatcher`. A server
-that dies mid-run is marked dead (by whoever watches the servers, or by the first attempt
-whose transport fails while the server no longer answers ``/health``): its attempts in
-flight are cancelled, which stops each one's commit before it can start, and each ends as
-``lost_in_transit`` with nothing committed, so the caller runs the item again under a fresh
-id on another server. An attempt whose result was already committed keeps that result:
-no sample is counted twice.
+capacity (in flight ÷ capacity), through that server's own :class:`Dispatcher`. The fleet's
+servers are named by URL: :meth:`BalancedDispatcher.slot_for` adds one once it answers
+``/health``, and :meth:`BalancedDispatcher.follow` keeps the balance over exactly the URLs a
+fleet lists (new ones join, ones no longer listed leave). A server that dies mid-run is
+marked dead (by whoever watches the servers, or by the first attempt whose transport fails
+while the server no longer answers ``/health``): its attempts in flight are cancelled, which
+stops each one's commit before it can start, and each ends as ``lost_in_transit`` with
+nothing committed, so the caller runs the item again under a fresh id on another server. An
+attempt whose result was already committed keeps that result: no sample is counted twice.
 """
 
 from __future__ import annotations
@@ -16,17 +18,21 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 
 from osmosis_ai.controller.attempt import CommitHook, DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.dispatch import Dispatcher
-from osmosis_ai.errors import RolloutProtocolError, UsageError
+from osmosis_ai.controller.service import ControllerService
+from osmosis_ai.errors import RolloutProtocolError
+from osmosis_ai.rollout.protocol import Generation
 
-__all__ = ["BalancedDispatcher", "RunsAttempts", "ServerSlot", "server_capacity"]
+__all__ = ["LEFT_FLEET", "BalancedDispatcher", "RunsAttempts", "ServerSlot", "server_capacity"]
 
 _HEALTH_PROBE_SEC = 3.0
+LEFT_FLEET = "it left the fleet"
+"""The death of a server :meth:`BalancedDispatcher.follow` no longer found listed."""
 
 
 def server_capacity(health: Mapping[str, Any]) -> int | None:
@@ -64,23 +70,81 @@ class ServerSlot:
 
 
 class BalancedDispatcher:
-    """Runs attempts over ``slots`` by capacity; see the module docstring.
+    """Runs attempts over its servers by capacity; see the module docstring.
 
     Args:
-        slots: the servers (each capacity at least 1).
-        on_dead: told (name, why) once for each server marked dead.
+        service: the started controller service (proxy and listener) the rollouts use.
+        generation: each server's :class:`Dispatcher` starts with it (``"auto"``: until
+            :meth:`pin` says which generation the fleet speaks).
+        on_dead: told of each server marked dead, once.
     """
 
     def __init__(
         self,
-        slots: Sequence[ServerSlot],
+        service: ControllerService,
         *,
+        generation: Literal["auto", "polling", "callback"] = "auto",
         on_dead: Callable[[ServerSlot], None] | None = None,
     ) -> None:
-        if not slots:
-            raise UsageError("a balanced dispatcher needs at least one rollout server")
-        self.slots = list(slots)
+        self.service = service
+        self.choice: Literal["auto", "polling", "callback"] = generation
+        self.generation: Generation | None = None if generation == "auto" else generation
+        self.slots: list[ServerSlot] = []
         self.on_dead = on_dead
+        self._joining = asyncio.Lock()  # one new server at a time: a URL joins once
+
+    async def slot_for(self, url: str) -> ServerSlot:
+        """Server ``url``'s slot: the one it has, else a new one once the server answers
+        ``/health`` (its advertised capacity, at least 1); raises what that probe raised."""
+        async with self._joining:
+            for slot in self.slots:
+                if slot.name == url:
+                    return slot
+            dispatcher = Dispatcher(url, self.service, generation=self.choice)
+            if self.generation is not None:
+                dispatcher.generation = self.generation
+            try:
+                capacity = server_capacity(await dispatcher.health()) or 1
+            except BaseException:
+                await dispatcher.aclose()
+                raise
+            slot = ServerSlot(url, dispatcher, capacity)
+            self.slots.append(slot)
+            return slot
+
+    async def follow(
+        self, urls: Sequence[str]
+    ) -> tuple[list[ServerSlot], list[tuple[str, Exception]]]:
+        """Balance over exactly ``urls`` from now on: each new one joins once it answers
+        ``/health``, each live server not listed leaves (marked dead with
+        :data:`LEFT_FLEET`: its attempts in flight run again elsewhere); a server once dead
+        never joins again. Returns the servers that joined, and the URLs not reachable from
+        here (yet) with why: the next call tries them again."""
+        known = {slot.name for slot in self.slots}
+        joined: list[ServerSlot] = []
+        unreachable: list[tuple[str, Exception]] = []
+        for url in urls:
+            if url in known:
+                continue
+            try:
+                joined.append(await self.slot_for(url))
+            except Exception as exc:  # whatever the probe met: the next call retries
+                unreachable.append((url, exc))
+            known.add(url)
+        for slot in self.live():
+            if slot.name not in urls:
+                self.mark_dead(slot.name, LEFT_FLEET)
+        return joined, unreachable
+
+    def pin(self, generation: Generation) -> None:
+        """Every server of the fleet, and each that joins, speaks ``generation``."""
+        self.generation = generation
+        for slot in self.slots:
+            slot.dispatcher.generation = generation
+
+    async def aclose(self) -> None:
+        """Close every server's dispatcher."""
+        await asyncio.gather(*(slot.dispatcher.aclose() for slot in self.slots))
 
     @property
     def capacity(self) -> int:

@@ -4,8 +4,9 @@
 a background thread while the controller starts its own side, and watches it: a server that
 dies is reported and taken out of the :class:`~osmosis_ai.controller.balance.BalancedDispatcher`,
 whose in-flight items then run again elsewhere under fresh ids; a node that joins the cluster
-mid-run gets a server of its own (:meth:`FleetRun.grow`), which takes work from then on. The
-controller (proxy, listener, journal) stays on the machine that runs the command.
+mid-run gets a server of its own (:meth:`FleetRun.grow`), which the dispatcher follows
+(:meth:`FleetRun.urls`) and which takes work from then on. The controller (proxy, listener,
+journal) stays on the machine that runs the command.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class FleetRun:
     @property
     def infos(self) -> list[ServerInfo]:
         return self.fleet.infos if self.fleet is not None else []
+
+    def urls(self) -> list[str]:
+        """Every started server's URL, in start order (one that died included)."""
+        return [info.url for info in self.infos]
 
     def launch(self) -> None:
         """Join the cluster (here: Ray wants its driver set up on the main thread), then

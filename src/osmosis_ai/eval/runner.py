@@ -51,11 +51,12 @@ from osmosis_ai.eval.reporting import record_in_trackers
 from osmosis_ai.eval.rundir import MANIFEST_FILE, RunDir, open_run
 from osmosis_ai.eval.server import RunServer, reap_orphan
 from osmosis_ai.eval.workitems import WorkItem, count_work, pending_items
+from osmosis_ai.procs import signal_group
 from osmosis_ai.rundir.durable import fsync_dir
 from osmosis_ai.rundir.logs import LogLevel, Redactor, RunLog
 
 if TYPE_CHECKING:
-    from osmosis_ai.controller.balance import RunsAttempts
+    from osmosis_ai.controller.balance import BalancedDispatcher, RunsAttempts
     from osmosis_ai.controller.rollout_process import RolloutServerProcess
     from osmosis_ai.controller.service import ControllerService
     from osmosis_ai.controller.upstream import Upstream
@@ -366,7 +367,7 @@ class _Invocation:
         self, server: RolloutServerProcess, service: ControllerService, pending: list[WorkItem]
     ) -> None:
         from osmosis_ai.controller.balance import server_capacity
-        from osmosis_ai.eval.scheduler import Scheduler, choose_workers, dispatcher_pool
+        from osmosis_ai.eval.scheduler import choose_workers, dispatcher_pool
 
         plan = self.plan
         async with dispatcher_pool(server.url, service) as dispatcher:
@@ -384,56 +385,34 @@ class _Invocation:
                 f"({self.generation} generation{shown})",
             )
             pool = [probe, *(dispatcher(self.generation) for _ in range(workers - 1))]
-            scheduler = Scheduler(
-                plan,
-                self.journal,
-                self.runlog,
-                self.run.trials_dir,
-                on_record=self._recorded,
-                on_trajectory=self.projections.mark_dirty,
-            )
-            await self._run_scheduler(scheduler, pool, server, pending)
+            await self._run_scheduler(self._scheduler(), pool, server, pending)
 
     async def _dispatch_fleet(
         self, fleet: FleetRun, service: ControllerService, pending: list[WorkItem]
     ) -> None:
         """The fleet behind one balanced dispatcher: as many workers as the servers' capacity
         together; a server that dies has its in-flight items run again elsewhere."""
-        from osmosis_ai.controller.balance import BalancedDispatcher, ServerSlot, server_capacity
-        from osmosis_ai.controller.dispatch import Dispatcher
-        from osmosis_ai.eval.scheduler import Scheduler, choose_workers
+        from osmosis_ai.controller.balance import BalancedDispatcher
+        from osmosis_ai.eval.scheduler import choose_workers
 
-        plan, infos = self.plan, fleet.infos
-        choice = self.generation if plan.generation_forced else "auto"
-        dispatchers = [Dispatcher(info.url, service, generation=choice) for info in infos]
+        plan = self.plan
+        balanced = BalancedDispatcher(
+            service, generation=self.generation if plan.generation_forced else "auto"
+        )
         try:
+            first = await balanced.slot_for(fleet.urls()[0])
             if not plan.generation_forced:
-                self._pin_generation(await dispatchers[0].detect_generation())
-            for dispatcher in dispatchers:
-                dispatcher.generation = self.generation
-
-            def slot_of(info: ServerInfo, dispatcher: Dispatcher) -> ServerSlot:
-                capacity = server_capacity(info.health) or 1
-                return ServerSlot(f"{info.index} ({info.url})", dispatcher, capacity)
-
-            balanced = BalancedDispatcher(list(map(slot_of, infos, dispatchers)))
-            slots = balanced.slots  # server i's slot at index i, as fleet.infos has it
+                self._pin_generation(await first.dispatcher.detect_generation())
+            balanced.pin(self.generation)
+            await self._follow_fleet(balanced, fleet, announce=False)
             workers, warning = choose_workers(plan, balanced.capacity, len(pending))
             if warning is not None:
                 self.warn("schedule", "CAPACITY_BELOW_MAX_IN_FLIGHT", warning)
             self.note(
                 "schedule",
                 f"running {len(pending)} work items, up to {workers} in flight over "
-                f"{len(slots)} rollout servers ({self.generation} generation, capacity "
-                f"{balanced.capacity})",
-            )
-            scheduler = Scheduler(
-                plan,
-                self.journal,
-                self.runlog,
-                self.run.trials_dir,
-                on_record=self._recorded,
-                on_trajectory=self.projections.mark_dirty,
+                f"{len(balanced.slots)} rollout servers ({self.generation} generation, "
+                f"capacity {balanced.capacity})",
             )
 
             def dead(info: ServerInfo, why: str) -> None:
@@ -444,7 +423,7 @@ class _Invocation:
                     "its in-flight items run again on the others",
                 )
                 self.runlog.output(f"rollout-server-{info.index}", why)
-                balanced.mark_dead(slots[info.index].name, why)
+                balanced.mark_dead(info.url, why)
 
             def output(info: ServerInfo, line: str) -> None:
                 self.runlog.output(f"rollout-server-{info.index}", line)
@@ -452,24 +431,15 @@ class _Invocation:
             async def join_new_nodes() -> None:
                 while True:
                     await asyncio.sleep(_FLEET_GROW_SEC)
-                    started, failures = await asyncio.to_thread(fleet.grow)
+                    _started, failures = await asyncio.to_thread(fleet.grow)
                     for why in failures:
                         self.warn("server", "ROLLOUT_SERVER_NOT_STARTED", why)
-                    for info in started:
-                        dispatcher = Dispatcher(info.url, service, generation=self.generation)
-                        dispatchers.append(dispatcher)
-                        slot = slot_of(info, dispatcher)
-                        slots.append(slot)  # (and fleet.infos has its info already)
-                        self.note(
-                            "schedule",
-                            f"rollout server {info.index} joined with its node {info.node_ip}: "
-                            f"{info.url}, capacity {slot.capacity}",
-                        )
+                    await self._follow_fleet(balanced, fleet, announce=True)
 
             watcher = asyncio.create_task(fleet.watch(dead, output))
             joiner = asyncio.create_task(join_new_nodes())
             try:
-                await self._run_scheduler(scheduler, [balanced] * workers, fleet, pending)
+                await self._run_scheduler(self._scheduler(), [balanced] * workers, fleet, pending)
             finally:
                 for task in (watcher, joiner):
                     task.cancel()
@@ -477,10 +447,41 @@ class _Invocation:
                 self.runlog.info(
                     "schedule",
                     "attempts per rollout server",
-                    {i.url: s.dispatched for i, s in zip(infos, slots, strict=True)},
+                    {slot.name: slot.dispatched for slot in balanced.slots},
                 )
         finally:
-            await asyncio.gather(*(d.aclose() for d in dispatchers))
+            await balanced.aclose()
+
+    async def _follow_fleet(
+        self, balanced: BalancedDispatcher, fleet: FleetRun, *, announce: bool
+    ) -> None:
+        """Balance over every server the fleet started (one that died stays out); a server
+        not reachable from here yet is tried again on the next call."""
+        joined, unreachable = await balanced.follow(fleet.urls())
+        for url, error in unreachable:
+            self.runlog.info(
+                "schedule", "rollout server not reachable yet", {"url": url, "error": str(error)}
+            )
+        infos = {info.url: info for info in fleet.infos}
+        for slot in joined if announce else []:
+            info = infos[slot.name]
+            self.note(
+                "schedule",
+                f"rollout server {info.index} joined with its node {info.node_ip}: "
+                f"{info.url}, capacity {slot.capacity}",
+            )
+
+    def _scheduler(self) -> Scheduler:
+        from osmosis_ai.eval.scheduler import Scheduler
+
+        return Scheduler(
+            self.plan,
+            self.journal,
+            self.runlog,
+            self.run.trials_dir,
+            on_record=self._recorded,
+            on_trajectory=self.projections.mark_dirty,
+        )
 
     async def _run_scheduler(
         self,
@@ -546,8 +547,7 @@ class _Invocation:
         server = self.server
         child = server.process.process if isinstance(server, RunServer) else None
         if child is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, signal.SIGKILL)
+            signal_group(child.pid, signal.SIGKILL)
         if self._main is not None:
             self._main.cancel()
 

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from osmosis_ai.controller.asgi import refused
-from osmosis_ai.controller.balance import BalancedDispatcher, ServerSlot, server_capacity
+from osmosis_ai.controller.balance import LEFT_FLEET, BalancedDispatcher, ServerSlot
 from osmosis_ai.controller.dispatch import Dispatcher, DispatchOutcome, DispatchRequest
 from osmosis_ai.controller.errors import UpstreamRequestError
 from osmosis_ai.controller.loop import new_event_loop
@@ -44,7 +44,6 @@ from osmosis_ai.errors import OsmosisError
 from osmosis_ai.train.channel import FD_ENV, CallError, Channel, ServeSpec, StartSpec, unpack
 
 _NICENESS = 10
-_LEFT = "it left the fleet"
 
 
 class TrainerPolicy(AnsweringUpstream):
@@ -126,7 +125,6 @@ class RolloutIO:
         self._server: RolloutServerProcess | None = None
         self._dispatcher: Dispatcher | BalancedDispatcher | None = None
         self._fleet: BalancedDispatcher | None = None
-        self._generation: str | None = None
         self._finished: list[str] = []
         self._outbox: list[tuple[Any, ...]] = []
         self._callers: int | None = None
@@ -306,54 +304,33 @@ class RolloutIO:
     async def _start_fleet(self, urls: Sequence[str]) -> None:
         service = self._service
         assert service is not None
+        fleet = BalancedDispatcher(service, on_dead=self._slot_died)
+        self._fleet = self._dispatcher = fleet
         try:
             await service.start()
-            first = Dispatcher(urls[0], service)
-            self._generation = await first.detect_generation()
-            slot = await self._slot(urls[0], first)
-            self._fleet = BalancedDispatcher([slot], on_dead=self._slot_died)
-            self._send("fleet", "joined", slot.name, f"capacity {slot.capacity}")
-            self._dispatcher = self._fleet
+            first = await fleet.slot_for(urls[0])
+            fleet.pin(await first.dispatcher.detect_generation())
+            self._send("fleet", "joined", first.name, f"capacity {first.capacity}")
             await self._follow_fleet(urls)
         except Exception as exc:
             self._send("fatal", _describe(exc), exc if isinstance(exc, OsmosisError) else None)
             return
         gc.collect()
         gc.freeze()
-        self._send("started", self._generation, None)
-
-    async def _slot(self, url: str, dispatcher: Dispatcher | None = None) -> ServerSlot:
-        assert self._service is not None
-        if dispatcher is None:
-            generation: Any = self._generation or "auto"
-            dispatcher = Dispatcher(url, self._service, generation=generation)
-        capacity = server_capacity(await dispatcher.health()) or 1
-        return ServerSlot(url, dispatcher, capacity)
+        self._send("started", fleet.generation, None)
 
     async def _follow_fleet(self, urls: Sequence[str]) -> None:
-        """Balance over exactly ``urls`` from now on: new servers join (once they answer
-        ``/health``), servers no longer listed leave (their rollouts run again elsewhere)."""
-        fleet = self._fleet
-        if fleet is None:
+        """Balance over exactly ``urls`` from now on (:meth:`BalancedDispatcher.follow`)."""
+        if self._fleet is None:
             return
-        known = {slot.name for slot in fleet.slots}
-        for url in urls:
-            if url in known:
-                continue
-            try:
-                slot = await self._slot(url)
-            except Exception as exc:  # not reachable from here (yet): the next list retries
-                self._send("fleet", "unreachable", url, _describe(exc))
-                continue
-            fleet.slots.append(slot)
-            known.add(url)
-            self._send("fleet", "joined", url, f"capacity {slot.capacity}")
-        for slot in fleet.live():
-            if slot.name not in urls:
-                fleet.mark_dead(slot.name, _LEFT)
+        joined, unreachable = await self._fleet.follow(urls)
+        for url, exc in unreachable:  # not reachable from here (yet): the next list retries
+            self._send("fleet", "unreachable", url, _describe(exc))
+        for slot in joined:
+            self._send("fleet", "joined", slot.name, f"capacity {slot.capacity}")
 
     def _slot_died(self, slot: ServerSlot) -> None:
-        event = "left" if slot.death == _LEFT else "died"
+        event = "left" if slot.death == LEFT_FLEET else "died"
         self._send("fleet", event, slot.name, slot.death)
 
     async def _run_batch(self, batch: int, requests: Sequence[DispatchRequest]) -> None:
@@ -443,15 +420,9 @@ class RolloutIO:
         for future in self._calls.values():
             if not future.done():
                 future.set_result((None, CallError(503, "the run is stopping", "server_error")))
-        dispatchers: list[Any] = (
-            [self._dispatcher]
-            if self._fleet is None
-            else [slot.dispatcher for slot in self._fleet.slots]
-        )
-        for dispatcher in dispatchers:
-            if dispatcher is not None:
-                with contextlib.suppress(Exception):
-                    await dispatcher.aclose()
+        if self._dispatcher is not None:
+            with contextlib.suppress(Exception):
+                await self._dispatcher.aclose()
         if self._server is not None:
             await asyncio.to_thread(self._server.stop)
         if self._served is not None:
