@@ -28,7 +28,6 @@ import math
 import os
 import re
 import secrets
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from osmosis_ai.errors import ConfigError, MissingExtraError
+from osmosis_ai.rundir.durable import atomic_write_json
 
 EXTRA = "trackers"
 STATE_FILE = "trackers.json"
@@ -237,16 +237,7 @@ class _State:
         return cls(path, values)
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self.values, handle, indent=2, sort_keys=True)
-                handle.write("\n")
-            os.replace(temp, self.path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+        atomic_write_json(self.path, self.values)
 
 
 @contextlib.contextmanager

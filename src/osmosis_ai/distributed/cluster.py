@@ -33,6 +33,7 @@ from typing import Any
 
 from osmosis_ai.errors import MissingExtraError, OsmosisError, UsageError
 from osmosis_ai.procs import free_port, stop_process
+from osmosis_ai.rundir.durable import Closing
 
 __all__ = [
     "LOCAL",
@@ -70,7 +71,7 @@ def require_ray(feature: str) -> Any:
 
 
 @dataclass
-class RayConnection:
+class RayConnection(Closing):
     """This process's membership of a Ray cluster, from :func:`connect`."""
 
     address: str
@@ -106,17 +107,6 @@ class RayConnection:
         ray = require_ray("a Ray cluster")
         if self.joined and ray.is_initialized():
             ray.shutdown()
-
-    def __enter__(self) -> RayConnection:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def connect(
