@@ -573,14 +573,20 @@ def test_a_run_without_a_learning_signal_ends_failed_saying_why_everywhere(
     git(platform.origin, "commit", "-q", "-am", "a grader that gives every answer 0.5")
     # 10 rows x 4 epochs / 4 prompts = 10 steps, so the default patience is 2 steps
     training = {**SHORT_TRAINING, "total_epochs": 4}
-    platform.submit(training, {"eval_interval": 100, "checkpoint_save_freq": 100}, {"seed": 0})
+    # [advanced] reaches the trainer as submitted, a null and all: no TOML file between
+    advanced = {"seed": 0, "notes": {"reviewer": None, "odd key\x7f": 'say "hi"'}}
+    platform.submit(training, {"eval_interval": 100, "checkpoint_save_freq": 100}, advanced)
     claim = platform.claim("w1")
     from osmosis_ai.platform.worker.train_job import execute
 
-    execute(platform.context(claim))
+    ctx = platform.context(claim)
+    execute(ctx)
 
     run = platform.run_row(claim.run_id)
     assert run.status == "failed", platform.logs(run.id)
+    written = json.loads((ctx.work_dir / "training" / run.name / "config.json").read_text())
+    assert written["advanced"] == advanced
+    assert not list(ctx.checkout.glob("configs/training/.platform-*"))
     assert run.error is not None
     assert run.error.startswith("no_learning_signal: no learning signal for 2 consecutive steps")
     assert "Check the grader" in run.error

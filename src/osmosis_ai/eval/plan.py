@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -94,17 +94,20 @@ class Confirmation:
 class EvalRunOptions:
     """Everything ``osmosis eval run`` accepts; the CLI fills it from its flags.
 
+    The config is ``config_path`` (a TOML file, loaded with the plan) or ``config``, one
+    already parsed (a platform run's, :func:`~osmosis_ai.workspace.config.parse_eval_config`).
+    ``rows`` picks the dataset rows: a ``--rows`` spec (``"3,7,10-20"``) or the offsets.
     ``secrets_file_values`` are the parsed ``--secrets-file``; ``prompt_secret`` asks a human
     for one secret (``None``: never ask); ``confirm`` raises to decline the run (``None``:
     go ahead). ``handle_signals`` makes the first SIGINT/SIGTERM drain and the second abort.
     """
 
-    config_path: Path
+    config_path: Path | None = None
     cwd: Path | None = None
     name: str | None = None
     output_dir: Path | None = None
     dataset_file: Path | None = None
-    rows: str | None = None
+    rows: str | Sequence[int] | None = None
     fresh: bool = False
     retry_failed: bool = False
     max_in_flight: int | None = None
@@ -121,8 +124,11 @@ class EvalRunOptions:
     ``local``); ``None`` runs one here. The journal stays here either way."""
     rollout_servers: int | None = None
     """``--rollout-servers``: how many servers the Ray fleet runs (default 2)."""
+    config: EvalConfig | None = None
 
     def __post_init__(self) -> None:
+        if (self.config_path is None) == (self.config is None):
+            raise UsageError("give the run's config as config_path or as config, not both")
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise UsageError(f"--max-in-flight must be at least 1, got {self.max_in_flight}")
         if self.rollout_servers is not None and self.ray is None:
@@ -201,9 +207,12 @@ class EvalPlan:
 def build_plan(options: EvalRunOptions) -> EvalPlan:
     """Resolve ``options`` into a plan, or raise the error that names what to fix."""
     cwd = (options.cwd or Path.cwd()).resolve()
-    config_path = (cwd / options.config_path.expanduser()).resolve()
-    workspace = _workspace(cwd, config_path)
-    config = load_eval_config(config_path, workspace)
+    config = options.config
+    if config is None:
+        assert options.config_path is not None
+        config_path = (cwd / options.config_path.expanduser()).resolve()
+        config = load_eval_config(config_path, _workspace(cwd, config_path))
+    workspace = config.workspace
     warnings: list[tuple[str, str]] = []
     reporting = reporting_of(config, options.environ if options.environ is not None else os.environ)
     ignored = [key for key in config.advanced if key not in USED_ADVANCED_KEYS]

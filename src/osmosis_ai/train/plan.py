@@ -49,10 +49,12 @@ class TrainRunOptions:
     ``strict_token_chain`` fails the run when an agent's calls do not extend one another.
     ``eval_rows``/``eval_samples`` size the validation set (first rows of the dataset).
     ``ray_address`` (or ``[advanced.ray] address``) runs the steps on a Ray cluster with
-    ``trainer_workers`` trainer workers and ``rollout_servers`` rollout servers.
+    ``trainer_workers`` trainer workers and ``rollout_servers`` rollout servers. The config
+    is ``config_path`` (a TOML file, loaded with the plan) or ``config``, one already parsed
+    (a platform run's, :func:`~osmosis_ai.workspace.config.parse_training_config`).
     """
 
-    config_path: Path
+    config_path: Path | None = None
     cwd: Path | None = None
     name: str | None = None
     output: Path | None = None
@@ -75,6 +77,11 @@ class TrainRunOptions:
     handle_signals: bool = True
     stop: threading.Event | None = None  # set: finish the step, save, and stop
     verbose: bool = False
+    config: TrainingConfig | None = None
+
+    def __post_init__(self) -> None:
+        if (self.config_path is None) == (self.config is None):
+            raise UsageError("give the run's config as config_path or as config, not both")
 
 
 @dataclass(frozen=True)
@@ -139,9 +146,12 @@ class TrainPlan:
 def build_plan(options: TrainRunOptions) -> TrainPlan:
     """Load and check everything the run needs; raise naming the value and the fix."""
     cwd = (options.cwd or Path.cwd()).resolve()
-    config_path = (cwd / options.config_path.expanduser()).resolve()
-    workspace = find_workspace(config_path.parent)
-    config = load_training_config(config_path, workspace)
+    config = options.config
+    if config is None:
+        assert options.config_path is not None
+        config_path = (cwd / options.config_path.expanduser()).resolve()
+        config = load_training_config(config_path, find_workspace(config_path.parent))
+    workspace = config.workspace
     training = config.training
     warnings: list[tuple[str, str]] = []
     if options.resume_every < 1:

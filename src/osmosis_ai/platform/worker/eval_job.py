@@ -1,12 +1,14 @@
 """A managed evaluation run, executed by a worker through the same code as ``osmosis eval run``.
 
-:func:`execute` writes the run's config (its ``[experiment]``, ``[evaluation]``,
-``[advanced]``, ``[env]`` and ``[secrets]`` as submitted) into the checkout's
-``configs/eval/``, copies the dataset from the object store into the work dir, picks the
-rows (``limit`` unset → every row, as ``osmosis eval run`` does; set → the first ``limit``
-rows; the hosted platform of the reference samples 10 % without a limit, which surprised
-users, see its known pain points) and calls :func:`~osmosis_ai.eval.runner.run_eval` with the
-run dir under the work dir, no prompt and no confirmation. The run's results carry ``rows``
+:func:`execute` builds the run's config from its ``[experiment]``, ``[evaluation]``,
+``[advanced]``, ``[env]`` and ``[secrets]`` as submitted, checked by the rules of
+``osmosis eval run``'s loader (:func:`~osmosis_ai.workspace.config.parse_eval_config`, the
+checkout as its workspace), copies the dataset from the object store into the work dir,
+picks the rows (``limit`` unset → every row, as ``osmosis eval run`` does; set → the first
+``limit`` rows; the hosted platform of the reference samples 10 % without a limit, which
+surprised users, see its known pain points) and calls
+:func:`~osmosis_ai.eval.runner.run_eval` with both, the run dir under the work dir, no prompt
+and no confirmation. The run's results carry ``rows``
 (evaluated) and ``dataset_rows`` from the start, so ``eval info`` and the dashboard show them.
 
 While it runs, every finished work item is stored as the run's sample (with the trajectory
@@ -31,12 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -49,6 +50,8 @@ from osmosis_ai.eval.progress import ItemFinishedEvent, MilestoneEvent, Tally, W
 from osmosis_ai.platform.services.work import LeaseLostError
 from osmosis_ai.platform.worker.report import LogEntry, SampleRecord
 from osmosis_ai.rundir.logs import Redactor
+from osmosis_ai.workspace import EvalConfig, Workspace
+from osmosis_ai.workspace.config import parse_eval_config
 
 if TYPE_CHECKING:
     from osmosis_ai.eval.plan import EvalPlan
@@ -81,71 +84,6 @@ def execute(ctx: JobContext) -> None:
 def managed_rows(total: int, limit: int | None) -> list[int]:
     """The source rows of a managed run: the first ``limit``, else every row."""
     return list(range(total if limit is None else min(limit, total)))
-
-
-def rows_spec(rows: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``"0-2,5"`` (the ``--rows`` form)."""
-    parts: list[str] = []
-    start = prev = None
-    for row in sorted(rows):
-        if prev is not None and row == prev + 1:
-            prev = row
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = row
-    if start is not None:
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
-
-
-# --- the config file ---------------------------------------------------------------------
-
-
-def toml_document(sections: Mapping[str, Mapping[str, object] | None]) -> str:
-    """Tables of JSON-like values as TOML (nested tables and lists written inline)."""
-    lines: list[str] = []
-    for name, table in sections.items():
-        if table is None:
-            continue
-        lines.append(f"[{_toml_key(name)}]")
-        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items())
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml_key(key: str) -> str:
-    return _toml_string(str(key))
-
-
-def _toml_string(text: str) -> str:
-    # A JSON string is a TOML basic string, but for DEL, which TOML wants escaped.
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007F")
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, Mapping):
-        items: Iterable[tuple[object, object]] = value.items()  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
-        inner = ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in items)
-        return "{ " + inner + " }" if inner else "{}"
-    if isinstance(value, list | tuple):
-        elements: Iterable[object] = value  # pyright: ignore[reportUnknownVariableType]
-        return "[" + ", ".join(_toml_value(v) for v in elements) + "]"
-    if value is None:
-        raise ConfigError("a run config value is null, which TOML cannot hold")
-    return _toml_string(str(value))
 
 
 # --- forwarding results ----------------------------------------------------------------------
@@ -351,7 +289,7 @@ class _EvalJob:
                 f"Evaluating {len(plan.items)} work items ({len(plan.rows)} of "
                 f"{plan.total_rows} rows x {plan.n})",
                 step="eval",
-                details={"rows": options.rows, "retry_failed": options.retry_failed},
+                details={"rows": len(plan.rows), "retry_failed": options.retry_failed},
             )
         except LeaseLostError:
             return None
@@ -518,15 +456,14 @@ class _EvalJob:
         evaluation = dict(run.evaluation_config or {})
         limit = evaluation.get("limit")
         rows = managed_rows(len(read_rows(dataset)), limit) if isinstance(limit, int) else None
-        config = self._write_config(evaluation)
         results = run.results or {}
         return EvalRunOptions(
-            config_path=config,
+            config=self._config(evaluation),
             cwd=ctx.checkout,
             name=run.name,
             output_dir=eval_dir,
             dataset_file=dataset,
-            rows=rows_spec(rows) if rows else None,
+            rows=rows,
             retry_failed=bool(results.get(RETRY_FLAG)),
             handle_signals=self._signals,
             environ={**ctx.environ, **self._model_environment()},
@@ -570,7 +507,9 @@ class _EvalJob:
         os.replace(partial, target)
         return target
 
-    def _write_config(self, evaluation: dict[str, object]) -> Path:
+    def _config(self, evaluation: dict[str, object]) -> EvalConfig:
+        """The run's config as submitted, at the checkout's commit against the model of the
+        run, checked as ``osmosis eval run`` checks a config file."""
         run = self.run
         experiment = {
             k: v
@@ -578,18 +517,19 @@ class _EvalJob:
             if k not in ("branch", "commit_sha")  # the checkout is at the run's commit
         }
         experiment["model_path"] = run.model_path
-        document = toml_document(
-            {
-                "experiment": experiment,
-                "evaluation": evaluation or None,
-                "advanced": run.advanced_config or None,
-                "env": run.env_config or None,
-                "secrets": {"required": list(run.required_secrets or [])},
-            }
+        tables: dict[str, object] = {
+            "experiment": experiment,
+            "evaluation": evaluation,
+            "advanced": dict(run.advanced_config or {}),
+            "env": dict(run.env_config or {}),
+            "secrets": {"required": list(run.required_secrets or [])},
+        }
+        checkout = self.ctx.checkout
+        return parse_eval_config(
+            {name: table for name, table in tables.items() if table},
+            path=checkout / CONFIG_DIR / f"{run.name}.toml",
+            workspace=Workspace(checkout),
         )
-        from osmosis_ai.platform.worker.checkout import write_in_checkout
-
-        return write_in_checkout(self.ctx.checkout, CONFIG_DIR / f"{run.name}.toml", document)
 
     def _reconcile(self, options: EvalRunOptions) -> EvalPlan:
         """Make the run dir's journal and the stored samples agree before dispatch.

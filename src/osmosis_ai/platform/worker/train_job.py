@@ -1,8 +1,10 @@
 """A managed training run on a worker: ``osmosis train run``'s code path, reported live.
 
-The run's sections (as submitted and stored on the run) are written as a training config
-under the checkout's ``configs/training/``, the dataset is copied from the object store into
-the run's work dir, and the base model is the registered platform model's folder. Then
+The run's sections (as submitted and stored on the run) make its training config, checked
+by the rules of ``osmosis train run``'s loader
+(:func:`~osmosis_ai.workspace.config.parse_training_config`, the checkout as its
+workspace), the dataset is copied from the object store into the run's work dir, and the
+base model is the registered platform model's folder. Then
 :func:`osmosis_ai.train.runner.run_training` trains, with its run directory at
 ``<work_dir>/training/<run name>/``. While it runs:
 
@@ -28,9 +30,8 @@ import json
 import math
 import re
 import shutil
-import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from osmosis_ai.errors import OsmosisError
 from osmosis_ai.platform import training_metrics
@@ -39,6 +40,9 @@ from osmosis_ai.platform.store.orm import Dataset, Model
 from osmosis_ai.platform.worker.job import JobContext
 from osmosis_ai.platform.worker.report import run_prefix
 from osmosis_ai.rundir.logs import Redactor
+
+if TYPE_CHECKING:
+    from osmosis_ai.workspace import TrainingConfig
 
 CONFIG_DIR = Path("configs") / "training"
 STATE_POINTER = "files/state.json"
@@ -133,10 +137,10 @@ class _TrainJob:
 
         model_dir = self._model_dir()
         dataset = self._dataset()
-        config = self._write_config(model_dir)
+        config = self._config(model_dir)
         resume = self._restore()
         return TrainRunOptions(
-            config_path=config,
+            config=config,
             cwd=self.ctx.checkout,
             name=self.run.name,
             output=self.output,
@@ -192,8 +196,12 @@ class _TrainJob:
             temp.replace(target)
         return target
 
-    def _write_config(self, model_dir: Path) -> Path:
-        """The run's sections as ``configs/training/.platform-<run>.toml`` in the checkout."""
+    def _config(self, model_dir: Path) -> TrainingConfig:
+        """The run's sections as a training config, named
+        ``configs/training/.platform-<run>.toml`` in the checkout (no file is written)."""
+        from osmosis_ai.workspace import Workspace
+        from osmosis_ai.workspace.config import parse_training_config
+
         run = self.run
         tables: dict[str, dict[str, object]] = {
             "experiment": {
@@ -209,13 +217,12 @@ class _TrainJob:
             "env": dict(run.env_config or {}),
             "secrets": {"required": list(run.required_secrets or [])},
         }
-        tables = {name: table for name, table in tables.items() if table}
-        text = dump_toml(tables)
-        if tomllib.loads(text) != tables:  # the writer must round-trip every value
-            raise JobError("The run's config could not be written as TOML unchanged")
-        from osmosis_ai.platform.worker.checkout import write_in_checkout
-
-        return write_in_checkout(self.ctx.checkout, CONFIG_DIR / f".platform-{run.name}.toml", text)
+        checkout = self.ctx.checkout
+        return parse_training_config(
+            {name: table for name, table in tables.items() if table},
+            path=checkout / CONFIG_DIR / f".platform-{run.name}.toml",
+            workspace=Workspace(checkout),
+        )
 
     # -- resuming --------------------------------------------------------------------------
 
@@ -388,43 +395,3 @@ class _TrainJob:
 
 def _shown(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
-
-
-# --- TOML -------------------------------------------------------------------------------------
-
-
-def dump_toml(tables: dict[str, dict[str, object]]) -> str:
-    """``{section: {key: value}}`` as TOML: one ``[section]`` each, nested tables inline."""
-    lines: list[str] = []
-    for name, table in tables.items():
-        lines.append(f"[{name}]")
-        lines.extend(f"{_key(key)} = {_value(value)}" for key, value in table.items())
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _string(key)
-
-
-def _string(text: str) -> str:
-    return json.dumps(text).replace("\x7f", "\\u007f")
-
-
-def _value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"not a finite number: {value}")
-        return repr(value)
-    if isinstance(value, str):
-        return _string(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_value(v) for v in value) + "]"  # pyright: ignore[reportUnknownVariableType]
-    if isinstance(value, dict):
-        items = ", ".join(f"{_key(str(k))} = {_value(v)}" for k, v in value.items())  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
-        return "{" + (f" {items} " if items else "") + "}"
-    raise ValueError(f"cannot write {type(value).__name__} values as TOML (null is not TOML)")
