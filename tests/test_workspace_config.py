@@ -654,3 +654,59 @@ def test_env_and_advanced_are_free_form(ws):
     config = load_training_config(write(ws, "training", text), ws)
     assert config.env == {"ANY_NAME": "v"}
     assert config.advanced == {"whatever": 1, "nested": {"x": "y"}}
+
+
+# --- configs parsed from tables (a platform run's sections) -----------------------------------
+
+TRAINING_TABLES = """\
+[training]
+lr = 3e-4
+total_epochs = 2
+
+[checkpoints]
+eval_interval = 0
+
+[advanced]
+seed = 7
+note = { kept = true }
+
+[advanced.lora]
+enabled = true
+rank = 4
+"""
+
+
+def test_a_config_parsed_from_tables_is_the_config_its_file_loads_to(ws):
+    import dataclasses
+    import tomllib
+
+    from osmosis_ai.workspace.config import parse_eval_config, parse_training_config
+
+    text = EXPERIMENT + TRAINING_TABLES
+    path = write(ws, "training", text)
+    loaded = load_training_config(path, ws)
+    parsed = parse_training_config(tomllib.loads(text), path=path, workspace=ws)
+    assert loaded.from_file and not parsed.from_file
+    assert parsed == dataclasses.replace(loaded, from_file=False)
+    assert (parsed.training.seed, parsed.lora.rank, parsed.checkpoints.eval_interval) == (7, 4, 0)
+
+    path = ws.configs_dir / "eval" / "never-written.toml"
+    tables = tomllib.loads(EVAL_OK + "[evaluation]\nn = 2\n")
+    config = parse_eval_config(tables, path=path, workspace=ws)
+    assert (config.name, config.evaluation.n, config.raw) == ("never-written", 2, tables)
+    assert not path.exists()  # only named
+
+
+def test_tables_are_checked_by_the_rules_a_file_is(ws):
+    import tomllib
+
+    from osmosis_ai.workspace.config import parse_training_config
+
+    text = EXPERIMENT + "[training]\nlr = -1\n[advanced]\nseed = -1\n[advanced.ray]\nport = 1\n"
+    expected = [issue.to_dict() for issue in training_issues(ws, text)]
+    with pytest.raises(ConfigValidationError) as info:
+        parse_training_config(
+            tomllib.loads(text), path=ws.configs_dir / "training" / "x.toml", workspace=ws
+        )
+    assert [issue.to_dict() for issue in info.value.issues] == expected
+    assert [i["key"] for i in expected] == ["training.lr", "advanced.seed", "advanced.ray.port"]

@@ -505,3 +505,11 @@ def test_limit_and_all():
     assert select_rows(5, "4", 2) == [4]  # --rows wins over limit
     with pytest.raises(RowSelectionError, match="positive"):
         select_rows(5, None, 0)
+
+
+def test_rows_as_offsets():
+    assert select_rows(10, [4, 0, 4, 2]) == [0, 2, 4]  # sorted, once each
+    assert select_rows(5, (1,), 2) == [1]  # offsets win over limit, as a spec does
+    assert select_rows(3, []) == []
+    with pytest.raises(RowSelectionError, match=r"rows \[3, -1\] are out of range"):
+        select_rows(3, [0, 3, -1])
