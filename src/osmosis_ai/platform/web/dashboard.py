@@ -20,7 +20,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep
-from osmosis_ai.platform.auth import authenticate
 from osmosis_ai.platform.errors import PlatformError
 from osmosis_ai.platform.services import accounts, runs
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
@@ -181,26 +180,13 @@ def _login(
 @router.post("/login")
 async def login(request: Request, platform: PlatformDep) -> Response:
     form = await session.read_form(request, platform)
-    email = form.get("email", "").strip().lower()
-    raw = form.get("token", "").strip()
     target = safe_next(form.get("next"))
     try:
-        with platform.transaction() as db:
-            principal = authenticate(
-                db, raw, platform_url=platform.settings.public_url, now=platform.now()
-            )
-            generation = session.session_generation(db, principal.token_id)
+        value, max_age = session.DASHBOARD.sign_in(
+            platform, form.get("email", ""), form.get("token", "").strip()
+        )
     except PlatformError as exc:
         return _login(request, platform, error=exc.message, status=401, form=form)
-    if principal.email != email:
-        return _login(
-            request,
-            platform,
-            error="That token does not belong to that email address.",
-            status=401,
-            form=form,
-        )
-    value, max_age = session.session_cookie(platform, principal, generation=generation)
     answer = RedirectResponse(target, status_code=303, headers={"Cache-Control": "no-store"})
     session.set_cookie(answer, platform, session.SESSION_COOKIE, value, max_age=max_age)
     return answer
@@ -209,12 +195,8 @@ async def login(request: Request, platform: PlatformDep) -> Response:
 @router.post("/logout")
 async def logout(request: Request, platform: PlatformDep) -> Response:
     await session.read_form(request, platform)
-    viewer = session.current_viewer(request, platform)
-    if viewer is not None:  # ended on the server too: a copy of the cookie no longer works
-        with platform.transaction() as db:
-            session.end_sessions(db, viewer.token_id)
     answer = RedirectResponse("/login", status_code=303, headers={"Cache-Control": "no-store"})
-    session.clear_session(answer, platform)
+    session.DASHBOARD.sign_out(request, platform, answer)  # a copy of the cookie is refused too
     return answer
 
 

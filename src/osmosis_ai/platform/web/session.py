@@ -223,11 +223,8 @@ DEVICE = CookieSession(
 # The dashboard's session, under the names its pages use.
 SESSION_COOKIE = DASHBOARD.session_name
 CSRF_COOKIE = DASHBOARD.csrf_name
-SESSION_LIFETIME = DASHBOARD.lifetime
-session_cookie = DASHBOARD.session_cookie
 current_viewer = DASHBOARD.current_viewer
 set_cookie = DASHBOARD.set_cookie
-clear_session = DASHBOARD.clear_session
 csrf_cookie = DASHBOARD.csrf_cookie
 csrf_token = DASHBOARD.csrf_token
 check_csrf = DASHBOARD.check_csrf
