@@ -13,17 +13,13 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
 
 from osmosis_ai.cli import records
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.cli.output import Column, Context, ListResult
 from osmosis_ai.platform.client import (
     PAGE_LIMIT,
-    SESSION_EXPIRED,
     PlatformClient,
-    User,
     is_insecure_url,
     normalize_platform_url,
 )
@@ -33,9 +29,27 @@ from osmosis_ai.platform.client.credentials import (
     Target,
     resolve_target,
 )
+from osmosis_ai.platform.client.local_repo import (
+    WorkspaceDirectory,
+    find_workspace_directory,
+    require_workspace_directory,
+)
+from osmosis_ai.platform.client.login import current_login
 
-NOT_LOGGED_IN = "Not logged in. Run 'osmosis auth login' first, or set OSMOSIS_TOKEN."
-SCAFFOLD_DIRS = ("rollouts", "configs/training", "configs/eval", "data")
+__all__ = [
+    "Session",
+    "WorkspaceDirectory",
+    "add_list_arguments",
+    "add_log_arguments",
+    "credential_store",
+    "find_workspace_directory",
+    "list_options",
+    "logs_result",
+    "open_session",
+    "platform_target",
+    "require_login",
+    "require_workspace_directory",
+]
 
 
 def platform_target(ctx: Context, *, check_env_token: bool = True) -> Target:
@@ -53,91 +67,9 @@ def credential_store(ctx: Context, target: Target) -> CredentialStore:
     return CredentialStore(target.platform_url, warn=ctx.warn)
 
 
-def env_credentials(token: str) -> Credentials:
-    """An ``OSMOSIS_TOKEN``: its owner is unknown until the platform verifies it."""
-    return Credentials(
-        access_token=token,
-        user=User(id="", email="", name=None),
-        expires_at=datetime.max.replace(tzinfo=UTC),
-        created_at=datetime.now(UTC),
-        source="environment",
-    )
-
-
 def require_login(ctx: Context, target: Target) -> Credentials:
     """The token to call with: ``OSMOSIS_TOKEN``, else the saved, unexpired login."""
-    if target.env_token is not None:
-        return env_credentials(target.env_token)
-    credentials = credential_store(ctx, target).load()
-    if credentials is None:
-        raise CLIError(
-            CLIErrorCode.AUTH_REQUIRED, NOT_LOGGED_IN, {"platform_url": target.platform_url}
-        )
-    if credentials.is_expired():
-        raise CLIError(
-            CLIErrorCode.AUTH_REQUIRED,
-            SESSION_EXPIRED,
-            {"platform_url": target.platform_url, "expires_at": credentials.expires_at},
-        )
-    return credentials
-
-
-# --- the workspace directory ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WorkspaceDirectory:
-    """A local clone of a workspace repository and the identity its ``origin`` names."""
-
-    root: Path
-    identity: str
-    remote_url: str
-
-    def result_context(self) -> dict[str, object]:
-        return {
-            "git": {"identity": self.identity, "remote_url": self.remote_url},
-            "workspace_directory": str(self.root),
-        }
-
-
-def find_workspace_directory(start: Path | None = None) -> WorkspaceDirectory | None:
-    """The workspace directory at ``start`` (default: cwd), or ``None`` when there is none."""
-    try:
-        return require_workspace_directory(start)
-    except CLIError:
-        return None
-
-
-def require_workspace_directory(start: Path | None = None) -> WorkspaceDirectory:
-    from osmosis_ai.platform.client.local_repo import identity_of, origin_url, worktree_root
-
-    here = (start or Path.cwd()).resolve()
-    root = worktree_root(here)
-    if root is None:
-        raise CLIError(
-            CLIErrorCode.WORKSPACE_REQUIRED,
-            f"{here} is not inside a workspace directory: run this command in a Git clone of "
-            "the repository your platform workspace is connected to.",
-            {"start": str(here)},
-        )
-    missing = [d for d in SCAFFOLD_DIRS if not (root / d).is_dir()]
-    if missing:
-        raise CLIError(
-            CLIErrorCode.VALIDATION,
-            f"The workspace directory {root} is missing {', '.join(d + '/' for d in missing)}. "
-            "Run `osmosis doctor --fix` to restore the scaffold.",
-            {"workspace_directory": str(root), "missing": missing},
-        )
-    url = origin_url(root)
-    if url is None:
-        raise CLIError(
-            CLIErrorCode.WORKSPACE_REQUIRED,
-            f"The Git repository at {root} has no 'origin' remote. Set it to the repository "
-            "your platform workspace is connected to (git remote add origin URL).",
-            {"workspace_directory": str(root)},
-        )
-    repo = identity_of(url)
-    return WorkspaceDirectory(root, repo.identity, repo.remote_url)
+    return current_login(target, credential_store(ctx, target))
 
 
 # --- the session ----------------------------------------------------------------------------

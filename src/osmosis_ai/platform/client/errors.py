@@ -1,6 +1,7 @@
 """The client's errors: each names the CLI error code it is reported with (reference §3.3).
 
     PlatformClientError (OsmosisError)  a platform call, or a step around one, failed
+    ├── NotAWorkspaceError    WORKSPACE_REQUIRED (or VALIDATION): no workspace directory here
     ├── LocalFileError        a local file to send is missing, unreadable or invalid
     ├── LocalRunBusyError     CONFLICT: a local run is locked, or changed while it was sent
     ├── AlreadyExistsError    CONFLICT: the name is taken, or files are where a download goes
@@ -102,6 +103,13 @@ class _CodedError(PlatformClientError):
         super().__init__(
             code or self.default_code, message, status_code=status_code, details=details
         )
+
+
+class NotAWorkspaceError(_CodedError):
+    """No workspace directory here: not a Git clone, no ``origin``, or (``VALIDATION``) its
+    scaffold directories are missing."""
+
+    default_code = "WORKSPACE_REQUIRED"
 
 
 class LocalFileError(_CodedError):

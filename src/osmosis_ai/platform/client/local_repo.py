@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from osmosis_ai.platform.client.errors import PlatformClientError
+from osmosis_ai.platform.client.errors import NotAWorkspaceError, PlatformClientError
 
 _SCP_LIKE = re.compile(r"^(?:(?P<user>[^@/\s]+)@)?(?P<host>[^:/\s]+):(?P<path>[^/].*)$")
 _NAME = re.compile(r"^[a-z0-9._-]+$")
+SCAFFOLD_DIRS = ("rollouts", "configs/training", "configs/eval", "data")
 
 
 @dataclass(frozen=True)
@@ -154,3 +155,57 @@ def local_remote_path(url: str, root: Path) -> Path | None:
     else:
         path = root / Path(url).expanduser()
     return path.resolve() if path.exists() else None
+
+
+# --- the workspace directory ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkspaceDirectory:
+    """A local clone of a workspace repository and the identity its ``origin`` names."""
+
+    root: Path
+    identity: str
+    remote_url: str
+
+    def result_context(self) -> dict[str, object]:
+        return {
+            "git": {"identity": self.identity, "remote_url": self.remote_url},
+            "workspace_directory": str(self.root),
+        }
+
+
+def find_workspace_directory(start: Path | None = None) -> WorkspaceDirectory | None:
+    """The workspace directory at ``start`` (default: cwd), or ``None`` when there is none."""
+    try:
+        return require_workspace_directory(start)
+    except NotAWorkspaceError:
+        return None
+
+
+def require_workspace_directory(start: Path | None = None) -> WorkspaceDirectory:
+    here = (start or Path.cwd()).resolve()
+    root = worktree_root(here)
+    if root is None:
+        raise NotAWorkspaceError(
+            f"{here} is not inside a workspace directory: run this command in a Git clone of "
+            "the repository your platform workspace is connected to.",
+            {"start": str(here)},
+        )
+    missing = [d for d in SCAFFOLD_DIRS if not (root / d).is_dir()]
+    if missing:
+        raise NotAWorkspaceError(
+            f"The workspace directory {root} is missing {', '.join(d + '/' for d in missing)}. "
+            "Run `osmosis doctor --fix` to restore the scaffold.",
+            {"workspace_directory": str(root), "missing": missing},
+            code="VALIDATION",
+        )
+    url = origin_url(root)
+    if url is None:
+        raise NotAWorkspaceError(
+            f"The Git repository at {root} has no 'origin' remote. Set it to the repository "
+            "your platform workspace is connected to (git remote add origin URL).",
+            {"workspace_directory": str(root)},
+        )
+    repo = identity_of(url)
+    return WorkspaceDirectory(root, repo.identity, repo.remote_url)

@@ -12,15 +12,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from osmosis_ai.platform.client.api import (
+    SESSION_EXPIRED,
     DeviceCode,
     PlatformClient,
+    User,
     Warn,
     default_expiry,
     parse_timestamp,
 )
-from osmosis_ai.platform.client.credentials import Credentials, CredentialStore
+from osmosis_ai.platform.client.credentials import Credentials, CredentialStore, Target
 from osmosis_ai.platform.client.errors import LoginError, PlatformClientError
 
+NOT_LOGGED_IN = "Not logged in. Run 'osmosis auth login' first, or set OSMOSIS_TOKEN."
 UNREADABLE = ("CREDENTIALS_PARSE_FAILED", "CREDENTIALS_VERSION_CHANGED")
 TOKEN_MESSAGES = {
     "TOKEN_EXPIRED": "The token has expired.",
@@ -144,6 +147,39 @@ def _login_error(exc: PlatformClientError) -> LoginError:
             f"{message} (the platform has no login endpoint there: check OSMOSIS_PLATFORM_URL)"
         )
     return LoginError(code, message, status_code=exc.status_code, details=dict(exc.details))
+
+
+# --- the login in effect -------------------------------------------------------------------
+
+
+def env_credentials(token: str) -> Credentials:
+    """An ``OSMOSIS_TOKEN``: its owner is unknown until the platform verifies it."""
+    return Credentials(
+        access_token=token,
+        user=User(id="", email="", name=None),
+        expires_at=datetime.max.replace(tzinfo=UTC),
+        created_at=datetime.now(UTC),
+        source="environment",
+    )
+
+
+def current_login(target: Target, store: CredentialStore) -> Credentials:
+    """The token to call ``target`` with: ``OSMOSIS_TOKEN``, else the saved, unexpired login
+    in ``store``; ``AUTH_REQUIRED`` when there is neither."""
+    if target.env_token is not None:
+        return env_credentials(target.env_token)
+    credentials = store.load()
+    if credentials is None:
+        raise PlatformClientError(
+            "AUTH_REQUIRED", NOT_LOGGED_IN, details={"platform_url": target.platform_url}
+        )
+    if credentials.is_expired():
+        raise PlatformClientError(
+            "AUTH_REQUIRED",
+            SESSION_EXPIRED,
+            details={"platform_url": target.platform_url, "expires_at": credentials.expires_at},
+        )
+    return credentials
 
 
 # --- out ------------------------------------------------------------------------------------
