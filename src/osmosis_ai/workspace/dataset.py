@@ -17,9 +17,10 @@ from types import ModuleType
 from typing import NoReturn
 
 from osmosis_ai.errors import MissingExtraError, OsmosisError
+from osmosis_ai.rundir.datasets import DATASET_SUFFIXES
 from osmosis_ai.workspace.rows import DatasetError, json_type, parse_metadata
 
-EXTENSIONS = ("jsonl", "csv", "parquet")
+EXTENSIONS = tuple(suffix.removeprefix(".") for suffix in DATASET_SUFFIXES)
 MAX_FILE_SIZE = 5 * 1024**3
 MIN_ROWS = 4
 MAX_ERRORS = 5

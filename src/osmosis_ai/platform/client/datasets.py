@@ -33,11 +33,11 @@ from osmosis_ai.platform.client.transfer import (
     safe_name,
     transfers_for,
 )
+from osmosis_ai.rundir.datasets import DATASET_SUFFIXES
 
 DATASETS_PATH = "/api/cli/datasets"
 COMPLETE_ATTEMPTS = 5
 IN_PROGRESS = ("pending", "uploading", "processing")
-EXTENSIONS = (".jsonl", ".csv", ".parquet")
 
 
 # --- up -------------------------------------------------------------------------------------
@@ -217,10 +217,10 @@ def download_dataset(
 
 
 def _with_extension(name: str, url: str) -> str:
-    if Path(name).suffix.lower() in EXTENSIONS:
+    if Path(name).suffix.lower() in DATASET_SUFFIXES:
         return name
     suffix = PurePosixPath(unquote(urlsplit(url).path)).suffix.lower()
-    return f"{name}{suffix}" if suffix in EXTENSIONS else name
+    return f"{name}{suffix}" if suffix in DATASET_SUFFIXES else name
 
 
 def _destination(output: str | None, file_name: str) -> Path:
