@@ -227,3 +227,46 @@ async def test_a_trial_with_a_public_setup_and_an_offline_agent_runs(
     assert result.verifier_result is not None
     why = list((tmp_path / "trials").glob("*/verifier/why.txt"))
     assert result.verifier_result.rewards == {"reward": 1.0}, why and why[0].read_text()
+
+
+async def test_an_allowlisted_cidr_range_is_reachable_on_its_web_ports_and_nothing_else(
+    tmp_path: Path, task_builder: Callable[..., Path], environments: list[LocalSandboxEnvironment]
+):
+    """``allowed_hosts = ["127.0.55.0/24"]``: any address of the range is reachable on ports
+    80 and 443 (relayed from the host), beside an allowlisted host name; an address outside
+    it is not, nor another port."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.write(b"pong")
+        await writer.drain()
+        writer.close()
+
+    inside = await asyncio.start_server(handle, "127.0.55.7", 80)
+    outside = await asyncio.start_server(handle, "127.0.56.7", 80)
+    other_port = await asyncio.start_server(handle, "127.0.55.7", 0)
+    port = other_port.sockets[0].getsockname()[1]
+    allowlist = NetworkPolicy(
+        network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["127.0.55.0/24", "example.com"]
+    )
+    try:
+        env = make_env(
+            tmp_path, task_builder, environments, network_policy=PUBLIC, phases=[allowlist]
+        )
+        assert env.capabilities.network_allowlist_ipv4_cidrs is True
+        await env.start(force_build=False)
+        await env.set_network_policy(allowlist)
+
+        async def probe(host: str, port: int) -> str:
+            command = f"python3 -c {shlex.quote(PROBE_PY)} {host} {port}"
+            result = await env.exec(command, timeout_sec=20)
+            return (result.stdout or "").strip()
+
+        assert await probe("127.0.55.7", 80) == "reached"
+        assert (await probe("127.0.56.7", 80)).startswith("unreachable")
+        assert (await probe("127.0.55.7", port)).startswith("unreachable")
+        hosts = await env.exec("getent hosts example.com", timeout_sec=10)
+        assert (hosts.stdout or "").startswith("127.0.100."), hosts
+    finally:
+        for server in (inside, outside, other_port):
+            server.close()

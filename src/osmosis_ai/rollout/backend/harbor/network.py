@@ -3,7 +3,9 @@ side that relays them.
 
 ``no-network`` gives the sandbox its own network namespace (loopback only); ``allowlist`` does
 the same and forwards ports 80 and 443 of each allowed host name or IPv4 address (the name
-resolves inside through ``/etc/hosts``). In both, each endpoint in ``forward_endpoints`` stays
+resolves inside through ``/etc/hosts``) and of every address of an allowed IPv4 CIDR range
+(made local inside). :class:`Forwarder` moves between policies as phases change. In both,
+each endpoint in ``forward_endpoints`` stays
 reachable at its own address and port: this process listens inside the namespace (the socket
 is created by a short-lived thread that joins it) and relays each connection to the real
 endpoint.
@@ -17,6 +19,7 @@ import ctypes
 import ipaddress
 import os
 import socket
+import struct
 import subprocess
 import threading
 from collections.abc import Iterable, Sequence
@@ -104,17 +107,48 @@ def _ipv4(host: str) -> bool:
 
 @dataclass(frozen=True)
 class Route:
-    """Listen inside the sandbox at (listen_host, port); relay to target."""
+    """Listen inside the sandbox at (listen_host, port); relay to target. A route with
+    ``networks`` listens on every address (``0.0.0.0``) and relays a connection to the address
+    it was made to, on the same port, when that address is in one of them (an allowlisted
+    CIDR range, made local inside); other connections are closed."""
 
     listen_host: str
     port: int
     target: Endpoint
+    networks: tuple[str, ...] = ()
+
+    def destination(self, local_address: str) -> Endpoint | None:
+        """Where a connection accepted at ``local_address`` goes, or None."""
+        if not self.networks:
+            return self.target
+        try:
+            address = ipaddress.ip_address(local_address)
+        except ValueError:
+            return None
+        for network in self.networks:
+            if address in ipaddress.ip_network(network, strict=False):
+                return Endpoint(local_address, self.port)
+        return None
+
+
+def _cidr(entry: str) -> str | None:
+    """``entry`` as an IPv4 range wider than one address (``10.0.0.0/8``), or None."""
+    if "/" not in entry:
+        return None
+    try:
+        network = ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return None
+    if network.version != 4 or network.prefixlen == 32:
+        return None
+    return str(network)
 
 
 def plan_routes(
     endpoints: Iterable[Endpoint], allowed_hosts: Iterable[str]
 ) -> tuple[list[Route], dict[str, str], list[str]]:
-    """Forwarding routes, /etc/hosts names, and extra loopback addresses to add inside."""
+    """Forwarding routes, /etc/hosts names, and extra loopback addresses (and, for CIDR
+    entries, ranges) to make local inside."""
     routes: dict[tuple[str, int], Route] = {}
     names: dict[str, str] = {}
     addresses: list[str] = []
@@ -136,11 +170,22 @@ def plan_routes(
         listen = listen_address(host)
         routes.setdefault((listen, port), Route(listen, port, Endpoint(host, port)))
 
+    networks: list[str] = []
     for endpoint in endpoints:
         add(endpoint.host, endpoint.port)
-    for host in allowed_hosts:
+    for entry in allowed_hosts:
+        if (network := _cidr(entry)) is not None:
+            if network not in networks:
+                networks.append(network)
+            continue
+        host = entry.removesuffix("/32")
         for port in ALLOWLIST_PORTS:
             add(host, port)
+    if networks:
+        addresses += networks
+        for port in ALLOWLIST_PORTS:
+            anywhere = Endpoint("0.0.0.0", port)
+            routes[("0.0.0.0", port)] = Route("0.0.0.0", port, anywhere, tuple(networks))
     return list(routes.values()), names, addresses
 
 
@@ -169,6 +214,10 @@ def listen_in_netns(netns_path: str, addresses: Sequence[tuple[str, int]]) -> li
             for host, port in addresses:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                # an address's own listener and a range's listener on every address share a
+                # port; the kernel hands a connection to the most specific one. Only sockets
+                # of this (host) user may join them.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 sock.bind((host, port))
                 sock.listen(128)
                 sock.setblocking(False)
@@ -241,7 +290,11 @@ class Forwarder:
             return
         tasks.add(task)  # pyright: ignore[reportArgumentType]
         try:
-            target = route.target
+            local = writer.get_extra_info("sockname")
+            target = route.destination(str(local[0]) if local else "")
+            if target is None:
+                _refuse(writer)
+                return
             try:
                 up_reader, up_writer = await asyncio.open_connection(target.host, target.port)
             except OSError:
@@ -268,9 +321,24 @@ class Forwarder:
             await self._close(route)
 
 
+def _refuse(writer: asyncio.StreamWriter) -> None:
+    """Reset an accepted connection (as a refused one would be): nothing was relayed."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
 def add_loopback_address(netns: str, address: str) -> None:
+    """Make ``address`` (or a CIDR range) local in the network namespace at ``netns``."""
+    command = (
+        ["ip", "route", "replace", "local", address, "dev", "lo"]
+        if "/" in address
+        else ["ip", "addr", "add", f"{address}/32", "dev", "lo"]
+    )
     result = subprocess.run(
-        ["nsenter", f"--net={netns}", "ip", "addr", "add", f"{address}/32", "dev", "lo"],
+        ["nsenter", f"--net={netns}", *command],
         capture_output=True,
         text=True,
         timeout=30,

@@ -46,16 +46,21 @@ How it runs:
   ``VOLUME``, ``ONBUILD``, multi-stage builds, ``COPY --from``, ``ADD`` of a URL) is refused
   with :class:`UnsupportedDockerfileError` naming the instruction. Compose environments and
   prebuilt ``docker_image`` tasks are refused too. The parsing is :mod:`.dockerfile`'s.
-* Network policy (task.toml ``[environment] network_mode``): ``public`` shares the host's
-  network; ``no-network`` gives the sandbox its own network namespace (loopback only);
-  ``allowlist`` does the same and forwards ports 80 and 443 of each allowed host name or
-  IPv4 address (the name resolves inside through ``/etc/hosts``). In both restricted modes
-  each endpoint in ``forward_endpoints`` (URLs, ``"host:port"`` or ``(host, port)``) stays
-  reachable at its own address and port: this process listens inside the namespace (the
-  socket is created by a short-lived thread that joins it) and relays each connection to
-  the real endpoint. That is how an agent in a ``no-network`` trial still reaches the
-  rollout's model endpoint on the host's loopback. Routes and relaying are
-  :mod:`.network`'s; the host side of the privileged helper is :mod:`.launcher`'s.
+* Network policy (task.toml ``network_mode`` per environment and per phase): ``public``
+  shares the host's network; ``no-network`` runs commands in the sandbox's own network
+  namespace (loopback only); ``allowlist`` does the same and forwards ports 80 and 443 of
+  each allowed host name or IPv4 address (the name resolves inside through ``/etc/hosts``)
+  and of every address of an allowed IPv4 CIDR range. In both restricted modes each endpoint
+  in ``forward_endpoints`` (URLs, ``"host:port"`` or ``(host, port)``) stays reachable at its
+  own address and port: this process listens inside the namespace (the socket is created by
+  a short-lived thread that joins it) and relays each connection to the real endpoint. That
+  is how an agent in a ``no-network`` trial still reaches the rollout's model endpoint on the
+  host's loopback. The policy changes between phases (``capabilities.dynamic_network_policy``:
+  a public set-up, an offline agent, a verifier as declared): each command runs in the
+  network of the policy current when it starts, and restricting a public sandbox kills what
+  the public phase left running, so nothing keeps the host's network into a restricted
+  phase. Routes and relaying are :mod:`.network`'s; the host side of the privileged helper
+  is :mod:`.launcher`'s.
 * Files move in and out as tar streams through ``tar`` run inside the sandbox, so a symlink
   (in an upload, or left by the agent) resolves inside the sandbox, never on the host; tar
   archives brought out are unpacked with Python's ``data`` filter.
@@ -343,7 +348,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
             network_allowlist_hostnames=True,
             network_allowlist_ipv4_addresses=True,
             mounted=True,
-            **_supported_capabilities(dynamic_network_policy=True),
+            **_supported_capabilities(
+                dynamic_network_policy=True, network_allowlist_ipv4_cidrs=True
+            ),
         )
 
     @classmethod
