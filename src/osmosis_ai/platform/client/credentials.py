@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from osmosis_ai.platform.client.api import (
     parse_timestamp,
 )
 from osmosis_ai.platform.client.errors import PlatformClientError
+from osmosis_ai.rundir.durable import atomic_write_bytes
 
 CREDENTIALS_VERSION = 2
 KEYRING_SERVICE = "osmosis-cli"
@@ -291,18 +291,7 @@ class CredentialStore:
         with contextlib.suppress(OSError):
             if directory.stat().st_mode & 0o077:
                 directory.chmod(0o700)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".credentials.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                os.fchmod(handle.fileno(), 0o600)
-                json.dump(data, handle, indent=2)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(self.path, json.dumps(data, indent=2).encode("utf-8"))
 
     # --- the keyring ----------------------------------------------------------------------
 
