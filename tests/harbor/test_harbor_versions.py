@@ -98,3 +98,9 @@ def test_the_sandbox_refuses_a_task_newer_than_the_installed_harbor(
             task_env_config=task.config.environment,
             state_dir=tmp_path / "state",
         )
+
+
+def test_the_harbor_extra_pins_the_supported_range():
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    (requirement,) = pyproject["project"]["optional-dependencies"]["harbor"]
+    assert requirement.startswith(f"harbor{HARBOR_SUPPORTED};"), requirement

@@ -11,7 +11,6 @@ from typing import Any
 from osmosis_ai.errors import MissingExtraError
 
 MIGRATION_GUIDE = "https://docs.osmosis.ai/migration-guides/v0-3"
-HARBOR_REQUIREMENT = "harbor>=0.20,<0.26"
 
 NATIVE_AGENTS = ("terminus-2", "mini-swe-agent", "opencode", "oracle")
 """Harbor's own agents a rollout may use; any other name without a ``:`` is refused."""
