@@ -11,6 +11,11 @@ Every error the package raises on purpose derives from :class:`OsmosisError`::
     └── DeadlineError          a stage waited past its deadline (mixed into each area's own
                                error: UpstreamTimeoutError, EnvironmentBuildTimeoutError, …)
 
+Each area's own errors (``ControllerError``, ``TrainingError``, ``PlatformError``,
+``CLIError``, …) derive from one of these; a class keeps a built-in base that catching code
+relies on beside it (``SandboxError`` is also a ``RuntimeError``). Every exception class of
+the package is an ``OsmosisError`` whose name ends in ``Error`` (``tests/test_architecture.py``).
+
 Messages say what failed, with which value, and what to do about it.
 """
 
