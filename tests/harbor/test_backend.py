@@ -275,6 +275,52 @@ async def test_restricted_networks_still_reach_the_model_endpoint(
     assert sample.metrics["probe"] == 0.0  # any other host port stays closed
 
 
+async def test_an_offline_agent_phase_over_a_public_environment_reaches_only_the_model(
+    tmp_path: Path, code_dir: Path, task_builder: Callable[..., Path]
+):
+    """The usual shape of a benchmark task in dataset mode: a public environment whose
+    ``[agent] network_mode = "no-network"`` takes the network from the agent phase only."""
+    task_builder(
+        "offline-agent",
+        task_toml=textwrap.dedent(
+            """\
+            version = "1.0"
+
+            [agent]
+            timeout_sec = 60.0
+            network_mode = "no-network"
+
+            [verifier]
+            timeout_sec = 60.0
+
+            [environment]
+            network_mode = "public"
+            """
+        ),
+    )
+    backend = make_backend(
+        tmp_path, tmp_path / "tasks", agent="harbor_flow:AskModel", task_mode="dataset"
+    )
+    async with (
+        ScriptedModelServer(["42"], api_key=SECRET) as model,
+        ScriptedModelServer(["other"]) as other,
+    ):
+        outcome = await run(
+            backend,
+            "offline-agent",
+            chat_url=model.base_url,
+            metadata={
+                "harbor_task_id": "offline-agent",
+                "write_answer": True,
+                "probe_port": int(other.url.rsplit(":", 1)[1]),
+            },
+        )
+    assert outcome.workflow.status == RolloutStatus.SUCCESS, outcome.workflow.err_message
+    sample = outcome.grader.sample if outcome.grader else None
+    assert sample is not None and sample.reward == 1.0  # the model answered, the task's tests ran
+    assert sample.metrics["probe"] == 0.0  # the agent phase had no network of its own
+
+
 async def test_public_network_reaches_host_ports(
     tmp_path: Path, code_dir: Path, task_builder: Callable[..., Path]
 ):
