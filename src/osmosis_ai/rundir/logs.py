@@ -16,13 +16,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
-
-from pydantic import JsonValue
+from typing import TYPE_CHECKING, Literal
 
 from osmosis_ai.errors import UsageError
 from osmosis_ai.rundir.durable import HeldFile, canonical_json, open_owner_only, write_all
 from osmosis_ai.rundir.timestamps import iso_utc
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
 
 LOGS_FILE = "logs.txt"
 REDACTED = "[REDACTED]"

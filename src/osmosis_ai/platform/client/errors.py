@@ -21,8 +21,7 @@ import copy
 from collections.abc import Iterable
 
 from osmosis_ai.errors import OsmosisError
-
-REDACTED = "[REDACTED]"
+from osmosis_ai.rundir.logs import REDACTED, Redactor
 
 
 class PlatformClientError(OsmosisError):
@@ -52,33 +51,32 @@ class PlatformClientError(OsmosisError):
         return code if isinstance(code, str) else None
 
 
-def redact(value: object, secrets: list[str]) -> object:
-    """``value`` with each of ``secrets`` replaced, and every ``value``/``secret`` key's value."""
+def redact(value: object, redactor: Redactor) -> object:
+    """``value`` with the redactor's secrets replaced, and every ``value``/``secret`` key's
+    value."""
     if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return value
+        return redactor.redact(value)
     if isinstance(value, dict):
         return {
-            redact(k, secrets): REDACTED
+            redact(k, redactor): REDACTED
             if str(k).lower() in ("value", "secret", "secret_value")
-            else redact(v, secrets)
+            else redact(v, redactor)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [redact(item, secrets) for item in value]
+        return [redact(item, redactor) for item in value]
     return value
 
 
 def redacted(exc: PlatformClientError, values: Iterable[str]) -> PlatformClientError:
     """A copy of ``exc`` with every value (longest first) replaced by ``[REDACTED]``: a
     platform error that repeats a secret value the CLI sent is shown without it."""
-    secrets = sorted({v for v in values if v}, key=len, reverse=True)
+    redactor = Redactor(values)
     clean = copy.copy(exc)
-    message = redact(exc.message, secrets)
+    message = redact(exc.message, redactor)
     clean.message = message if isinstance(message, str) else exc.message
     clean.args = (clean.message,)
-    details = redact(exc.details, secrets)
+    details = redact(exc.details, redactor)
     clean.details = details if isinstance(details, dict) else {}
     return clean
 
