@@ -85,6 +85,7 @@ def make_task(
     task_toml: str | None = None,
     network_mode: str | None = None,
     allowed_hosts: list[str] | None = None,
+    agent_network_mode: str | None = None,
     environment_files: dict[str, str] | None = None,
     agent_timeout_sec: float = 60.0,
     verifier_timeout_sec: float = 60.0,
@@ -92,7 +93,8 @@ def make_task(
     """Write a Harbor task folder ``parent/name`` and return its path.
 
     ``task_toml`` replaces the generated task.toml whole; otherwise one is written with
-    the timeouts and, when given, ``[environment] network_mode`` / ``allowed_hosts``.
+    the timeouts and, when given, ``[environment] network_mode`` / ``allowed_hosts`` and the
+    agent phase's own ``[agent] network_mode``.
     ``environment_files`` are extra files under ``environment/`` (for COPY/ADD).
     Passing None for ``dockerfile``, ``test_sh`` or ``solve_sh`` leaves that file out.
     """
@@ -105,6 +107,7 @@ def make_task(
         if allowed_hosts is not None:
             hosts = ", ".join(f'"{host}"' for host in allowed_hosts)
             environment += f"allowed_hosts = [{hosts}]\n"
+        agent = f'network_mode = "{agent_network_mode}"' if agent_network_mode else ""
         task_toml = (
             textwrap.dedent(
                 f"""\
@@ -115,6 +118,7 @@ def make_task(
 
             [agent]
             timeout_sec = {agent_timeout_sec}
+            {agent}
 
             [verifier]
             timeout_sec = {verifier_timeout_sec}

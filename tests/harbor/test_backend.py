@@ -282,21 +282,8 @@ async def test_an_offline_agent_phase_over_a_public_environment_reaches_only_the
     ``[agent] network_mode = "no-network"`` takes the network from the agent phase only."""
     task_builder(
         "offline-agent",
-        task_toml=textwrap.dedent(
-            """\
-            version = "1.0"
-
-            [agent]
-            timeout_sec = 60.0
-            network_mode = "no-network"
-
-            [verifier]
-            timeout_sec = 60.0
-
-            [environment]
-            network_mode = "public"
-            """
-        ),
+        network_mode="public",
+        agent_network_mode="no-network",
     )
     backend = make_backend(
         tmp_path, tmp_path / "tasks", agent="harbor_flow:AskModel", task_mode="dataset"

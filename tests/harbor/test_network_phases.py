@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -174,21 +173,8 @@ async def test_a_trial_with_a_public_setup_and_an_offline_agent_runs(
     probe = f"python3 /opt/probe.py 127.0.0.1 {host_port}"
     task = task_builder(
         "offline-agent",
-        task_toml=textwrap.dedent(
-            """\
-            version = "1.0"
-
-            [agent]
-            timeout_sec = 60.0
-            network_mode = "no-network"
-
-            [verifier]
-            timeout_sec = 60.0
-
-            [environment]
-            network_mode = "public"
-            """
-        ),
+        network_mode="public",
+        agent_network_mode="no-network",
         dockerfile=(
             "FROM ubuntu:24.04\nWORKDIR /app\nCOPY probe.py /opt/probe.py\n"
             f"RUN {probe} > /app/setup.txt\n"
