@@ -654,7 +654,12 @@ class LocalSandboxEnvironment(BaseEnvironment):
         """What ``policy`` keeps reachable in the trial's own network: its forwarding routes,
         the ``/etc/hosts`` names of allowed hosts, the loopback addresses to add."""
         if policy.network_mode == NetworkMode.PUBLIC:
-            return [], {}, []
+            if not self._private_net:
+                return [], {}, []
+            # what a restricted phase left running in the sandbox's own network keeps its
+            # forwarded endpoints (the model); the names are the public phase's own
+            routes, _, addresses = plan_routes(self._forward, ())
+            return routes, {}, addresses
         allowed = list(policy.allowed_hosts) if policy.network_mode == NetworkMode.ALLOWLIST else []
         return plan_routes(self._forward, allowed)
 
