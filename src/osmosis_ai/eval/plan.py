@@ -32,6 +32,7 @@ from osmosis_ai.eval.inputs import (
 from osmosis_ai.eval.report_targets import USED_ADVANCED_KEYS, EvalReporting, reporting_of
 from osmosis_ai.eval.rundir import MANIFEST_FILE
 from osmosis_ai.eval.workitems import WorkItem, build_work_items
+from osmosis_ai.rundir.datasets import resolve_dataset
 from osmosis_ai.rundir.durable import atomic_write_json
 from osmosis_ai.workspace import (
     DatasetError,
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 
 GenerationChoice = Literal["auto", "polling", "callback"]
 DatasetSource = Literal["explicit", "workspace"]
-DATASET_EXTENSIONS = (".jsonl", ".csv", ".parquet")
 _PROTOCOL_GENERATION: dict[str, Generation] = {v: g for g, v in PROTOCOL_VERSIONS.items()}
 
 
@@ -233,7 +233,14 @@ def build_plan(options: EvalRunOptions) -> EvalPlan:
                 f"the config pins {pinned!r}; a local run uses the working tree as it is",
             )
         )
-    path, source, name = resolve_dataset(config, options.dataset_file, cwd)
+    path, name = resolve_dataset(
+        config.experiment.dataset,
+        root=config.workspace.root,
+        data_dir=config.workspace.data_dir,
+        dataset_file=options.dataset_file,
+        cwd=cwd,
+    )
+    source: DatasetSource = "explicit" if options.dataset_file is not None else "workspace"
     validation = validate_dataset(path)
     warnings.extend((w.code, w.message) for w in validation.warnings)
     if not validation.valid:
@@ -305,31 +312,6 @@ def repin_generation(
     update = {"versions": VersionsLock.for_generation(generation)}
     manifest.inputs = inputs.model_copy(update=update).to_json()
     atomic_write_json(run_dir / MANIFEST_FILE, manifest.model_dump(mode="json"))
-
-
-def resolve_dataset(
-    config: EvalConfig, dataset_file: Path | None, cwd: Path
-) -> tuple[Path, DatasetSource, str]:
-    """The dataset file, where it came from, and its name (the file stem)."""
-    if dataset_file is not None:
-        path = (cwd / dataset_file.expanduser()).resolve()
-        if not path.is_file():
-            raise DatasetError(f"--dataset-file {dataset_file}: file not found ({path})")
-        return path, "explicit", path.stem
-    name = config.experiment.dataset
-    data = config.workspace.data_dir
-    if name.endswith(DATASET_EXTENSIONS):
-        candidates = [config.workspace.root / name, data / name]
-    else:
-        candidates = [data / f"{name}{ext}" for ext in DATASET_EXTENSIONS]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate.resolve(), "workspace", candidate.stem
-    looked = ", ".join(str(c.relative_to(config.workspace.root)) for c in candidates)
-    raise DatasetError(
-        f"dataset {name!r} (experiment.dataset) was not found in the workspace: looked for "
-        f"{looked}. Put the file there, or pass --dataset-file PATH"
-    )
 
 
 def resolve_secrets(

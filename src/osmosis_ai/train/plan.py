@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from osmosis_ai.errors import ConfigError, UsageError
+from osmosis_ai.rundir.datasets import resolve_dataset
 from osmosis_ai.workspace import (
     DatasetError,
     DatasetRow,
@@ -32,7 +33,6 @@ from osmosis_ai.workspace import (
     validate_run_name,
 )
 
-DATASET_SUFFIXES = (".jsonl", ".csv", ".parquet")
 DEFAULT_EVAL_ROWS = 32
 RUN_FILE = "run.json"
 NO_SIGNAL_PATIENCE = 25  # the most steps without a learning signal a run waits by default
@@ -161,7 +161,13 @@ def build_plan(options: TrainRunOptions) -> TrainPlan:
             f"training.n_samples_per_prompt = {training.n_samples_per_prompt}: GRPO scores each "
             "sample against the other samples of its prompt, so it needs at least 2 (8 is usual)"
         )
-    dataset_path = resolve_dataset(config, options.dataset_file, cwd)
+    dataset_path, _ = resolve_dataset(
+        config.experiment.dataset,
+        root=config.workspace.root,
+        data_dir=config.workspace.data_dir,
+        dataset_file=options.dataset_file,
+        cwd=cwd,
+    )
     rows = load_rows(dataset_path, needs_labels=config.warmup.sft_steps > 0, warnings=warnings)
     batch, group = training.rollout_batch_size, training.n_samples_per_prompt
     order = data_order(len(rows), training.total_epochs, training.seed)
@@ -264,29 +270,6 @@ def data_order(rows: int, epochs: int, seed: int) -> list[int]:
         random.Random(f"osmosis-train:{seed}:{epoch}").shuffle(permutation)
         order.extend(permutation)
     return order
-
-
-def resolve_dataset(config: TrainingConfig, dataset_file: Path | None, cwd: Path) -> Path:
-    """``dataset_file``, else ``experiment.dataset`` as a workspace path or ``data/<name>.*``."""
-    if dataset_file is not None:
-        path = (cwd / dataset_file.expanduser()).resolve()
-        if not path.is_file():
-            raise DatasetError(f"--dataset-file {dataset_file}: file not found ({path})")
-        return path
-    name = config.experiment.dataset
-    data = config.workspace.data_dir
-    if name.endswith(DATASET_SUFFIXES):
-        candidates = [config.workspace.root / name, data / name]
-    else:
-        candidates = [data / f"{name}{suffix}" for suffix in DATASET_SUFFIXES]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate.resolve()
-    looked = ", ".join(str(c.relative_to(config.workspace.root)) for c in candidates)
-    raise DatasetError(
-        f"dataset {name!r} (experiment.dataset) was not found in the workspace: looked for "
-        f"{looked}. Put the file there, or pass --dataset-file PATH"
-    )
 
 
 def load_rows(

@@ -21,10 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from osmosis_ai.errors import UsageError
-from osmosis_ai.rundir.durable import atomic_write_bytes, fsync_dir, open_owner_only, write_all
-from osmosis_ai.rundir.durable import atomic_write_json as write_json
+from osmosis_ai.rundir.durable import (
+    atomic_write_bytes,
+    atomic_write_json,
+    fsync_dir,
+    open_owner_only,
+    write_all,
+)
 from osmosis_ai.rundir.logs import LOGS_FILE, Redactor, RunLog
-from osmosis_ai.rundir.timestamps import iso_utc as iso_now
+from osmosis_ai.rundir.timestamps import iso_utc
 from osmosis_ai.train.plan import RUN_FILE, TrainPlan
 
 SERVER_FILE = "rollout-server.json"
@@ -70,8 +75,8 @@ class RunDir:
         if plan.config.from_file:
             atomic_write_bytes(self.path / "config.toml", plan.config.path.read_bytes())
         else:  # parsed from tables (a platform run's sections): they are the config as written
-            write_json(self.path / "config.json", plan.config.raw)
-        write_json(self.path / "inputs.json", self._inputs())
+            atomic_write_json(self.path / "config.json", plan.config.raw)
+        atomic_write_json(self.path / "inputs.json", self._inputs())
         self.set_status("running")
 
     def _paths(self, plan: TrainPlan) -> None:
@@ -115,7 +120,7 @@ class RunDir:
         plan = self.plan
         return {
             "name": plan.run_name,
-            "created_at": previous.get("created_at", iso_now()),
+            "created_at": previous.get("created_at", iso_utc()),
             "config_path": str(plan.config.path),
             "model": plan.model_ref,
             "dataset": str(plan.dataset_path),
@@ -157,8 +162,8 @@ class RunDir:
         }
 
     def set_status(self, status: str, **extra: object) -> None:
-        self.manifest.update({"status": status, "updated_at": iso_now(), **extra})
-        write_json(self.path / RUN_FILE, self.manifest)
+        self.manifest.update({"status": status, "updated_at": iso_utc(), **extra})
+        atomic_write_json(self.path / RUN_FILE, self.manifest)
 
     # -- metrics ---------------------------------------------------------------------------
 
@@ -217,7 +222,9 @@ class RunDir:
 
     def record_server(self, pid: int, port: int | None, instance_id: str) -> None:
         """Remember the running rollout server, so a run killed with -9 can reap it."""
-        write_json(self.path / SERVER_FILE, {"pid": pid, "port": port, "instance_id": instance_id})
+        atomic_write_json(
+            self.path / SERVER_FILE, {"pid": pid, "port": port, "instance_id": instance_id}
+        )
 
     def forget_server(self) -> None:
         (self.path / SERVER_FILE).unlink(missing_ok=True)

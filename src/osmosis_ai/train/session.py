@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from osmosis_ai.deadlines import TRAIN_STEP
+from osmosis_ai.rundir.timestamps import iso_utc
 from osmosis_ai.train import engine
 from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
 from osmosis_ai.train.chart import save_png
@@ -31,7 +32,7 @@ from osmosis_ai.train.events import (
     WarningEvent,
 )
 from osmosis_ai.train.plan import TrainPlan
-from osmosis_ai.train.rundir import RunDir, iso_now, save_atomically
+from osmosis_ai.train.rundir import RunDir, save_atomically
 from osmosis_ai.train.step_watch import StepWatch
 from osmosis_ai.train.stopping import NO_LEARNING_SIGNAL, Background, SignalWatch, StopRequest
 
@@ -401,7 +402,7 @@ class Session:
         )
         if not self.leads:
             return self.signal.tripped
-        record: dict[str, Any] = {"step": step, "time": iso_now()}
+        record: dict[str, Any] = {"step": step, "time": iso_utc()}
         for source, name in METRIC_NAMES.items():
             if source in logs:
                 record[name] = logs[source]

@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from osmosis_ai.rundir.durable import atomic_write_json
 from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
 from osmosis_ai.train.collect import StepStats
 from osmosis_ai.train.events import EventSink, TrainEvent, WarningEvent
 from osmosis_ai.train.plan import TrainPlan
-from osmosis_ai.train.rundir import RunDir, write_json
+from osmosis_ai.train.rundir import RunDir
 from osmosis_ai.train.session import Session
 
 
@@ -147,7 +148,7 @@ class WorkerSession(Session):
         except (OSError, ValueError):
             record = {}
         attempt = int(record.get("attempts", 0)) + 1 if record.get("id") == self.spec.id else 1
-        write_json(path, {"id": self.spec.id, "attempts": attempt})
+        atomic_write_json(path, {"id": self.spec.id, "attempts": attempt})
         return attempt
 
     def _resume_from(self) -> Path | None:
