@@ -43,6 +43,7 @@ from typing import BinaryIO, TypeVar, TypeVarTuple
 from urllib.parse import quote, urlencode
 
 from osmosis_ai.platform.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
+from osmosis_ai.rundir.durable import fsync_dir
 
 MAX_KEY_BYTES = 1024
 MAX_SEGMENT_BYTES = 255  # one file or folder name on Linux filesystems
@@ -218,7 +219,7 @@ class ObjectStore:
                 temp.unlink(missing_ok=True)
             folders.add(target.parent)
         for folder in folders:
-            _fsync_dir(folder)
+            fsync_dir(folder)
 
     async def receive(self, key: str, chunks: AsyncIterable[bytes], *, size: int) -> ObjectInfo:
         """Stream exactly ``size`` bytes from ``chunks`` into ``key``.
@@ -568,7 +569,7 @@ class ObjectStore:
         if not target.parent.resolve().is_relative_to(self._objects):
             raise InvalidObjectKeyError(str(target), "it resolves outside the object store")
         os.replace(temp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
     def _prune_empty(self, folder: Path) -> None:
         while folder != self._objects and folder.is_relative_to(self._objects):
@@ -623,15 +624,6 @@ def _copy(source: BinaryIO, target: BinaryIO) -> None:
             target.seek(0, os.SEEK_END)
             return
     shutil.copyfileobj(source, target, _WRITE_BUFFER)
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 async def _in_thread(function: Callable[[*_Args], _R], *args: *_Args) -> _R:
