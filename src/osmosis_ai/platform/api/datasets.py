@@ -18,8 +18,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep, PrincipalDep, WorkspaceDep
+from osmosis_ai.platform.api.logs import add_logs_route
 from osmosis_ai.platform.api.objects import object_store, url_signer
-from osmosis_ai.platform.api.wire import LogsOut, WireModel, json_bytes, logs_out
+from osmosis_ai.platform.api.wire import WireModel, json_bytes, page_fields
 from osmosis_ai.platform.services import datasets as service
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
 from osmosis_ai.platform.services.paging import MAX_PAGE
@@ -227,14 +228,7 @@ def _datasets_page(
 ) -> bytes:
     with platform.database.read_statement() as connection:
         page = service.list_datasets(connection, workspace, limit=limit, offset=offset)
-    return json_bytes(
-        {
-            "datasets": page.items,
-            "total_count": page.total_count,
-            "has_more": page.has_more,
-            "next_offset": page.next_offset,
-        }
-    )
+    return json_bytes({"datasets": page.items, **page_fields(page)})
 
 
 @router.get("/{name_or_id}")
@@ -260,18 +254,4 @@ def download_dataset(
     )
 
 
-@router.get("/{name_or_id}/logs")
-def dataset_logs(
-    name_or_id: str,
-    *,
-    platform: PlatformDep,
-    workspace: WorkspaceDep,
-    limit: Annotated[int, Query()] = MAX_PAGE,
-    direction: Annotated[str, Query()] = "older",
-    cursor: Annotated[str | None, Query()] = None,
-) -> LogsOut:
-    with platform.read() as session:
-        page = service.dataset_logs(
-            session, workspace, name_or_id, limit=limit, direction=direction, cursor=cursor
-        )
-        return logs_out(page)
+add_logs_route(router, "dataset_logs", service.dataset_logs)

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from osmosis_ai.platform.api.deps import PlatformDep, PrincipalDep, WorkspaceDep
-from osmosis_ai.platform.api.wire import WireModel
+from osmosis_ai.platform.api.wire import WireModel, page_fields
 from osmosis_ai.platform.services import deployments
 from osmosis_ai.platform.services import models as service
 from osmosis_ai.platform.services.paging import MAX_PAGE
@@ -135,9 +135,7 @@ def list_base_models(
         creators = service.creator_names(session, page.items)
     return BaseModelsPageOut(
         models=[_base_out(m, creators) for m in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
+        **page_fields(page),
     )
 
 
@@ -155,9 +153,7 @@ def list_lora_models(
         users = service.deployer_names(session, page.items)
     return LoraModelsPageOut(
         models=[_lora_out(m, runs, users) for m in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
+        **page_fields(page),
         active_deployments=active,
         max_active_deployments=deployments.max_active_deployments(),
     )

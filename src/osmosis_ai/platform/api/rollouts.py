@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from fastapi import APIRouter, Query
 
 from osmosis_ai.platform.api.deps import PlatformDep, WorkspaceDep
-from osmosis_ai.platform.api.wire import WireModel
+from osmosis_ai.platform.api.wire import WireModel, page_fields
 from osmosis_ai.platform.errors import NotFoundError
 from osmosis_ai.platform.gitsync import GitSyncError
 from osmosis_ai.platform.services import rollouts
@@ -98,9 +98,7 @@ def list_rollouts(
         ]
     return RolloutsOut(
         rollouts=items,
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
+        **page_fields(page),
         branch=page.branch,
         sync=SyncStatusOut(
             status=outcome.status,

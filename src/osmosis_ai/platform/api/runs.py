@@ -15,16 +15,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from sqlalchemy.orm import Session
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep, PrincipalDep, WorkspaceDep
+from osmosis_ai.platform.api.logs import add_logs_route
 from osmosis_ai.platform.api.secrets import secret_box
-from osmosis_ai.platform.api.wire import LogsOut, WireModel, logs_out
+from osmosis_ai.platform.api.wire import WireModel, page_fields
 from osmosis_ai.platform.services import runs as service
 from osmosis_ai.platform.services import work
 from osmosis_ai.platform.services.accounts import WorkspaceAccess
-from osmosis_ai.platform.services.paging import MAX_PAGE
+from osmosis_ai.platform.services.paging import MAX_PAGE, CursorPage
 from osmosis_ai.platform.services.run_config import check_submission
-from osmosis_ai.platform.store.orm import Run
+from osmosis_ai.platform.store.orm import Run, RunLog
 
 router = APIRouter(tags=["runs"])
 eval_router = APIRouter(prefix="/api/cli/eval-runs")
@@ -328,29 +330,38 @@ def _submit(
     return SubmittedOut(id=run.id, name=run.name, status=run.status, created_at=run.created_at)
 
 
-def _stop(
-    platform: Platform, workspace: WorkspaceAccess, user_id: str, kind: str, name_or_id: str
-) -> StoppedOut:
-    with platform.transaction() as session:
-        run = service.stop_run(session, workspace, user_id, kind, name_or_id, now=platform.now())
-        return StoppedOut(id=run.id, name=run.name, status=run.status)
+def _add_stop_and_logs(router: APIRouter, kind: str) -> None:
+    """``POST …/{name_or_id}/stop`` and ``GET …/{name_or_id}/logs`` of the runs of ``kind``
+    (named ``stop_<kind>_run`` and ``<kind>_run_logs``)."""
 
+    @router.post("/{name_or_id}/stop", name=f"stop_{kind}_run")
+    def stop_run(
+        name_or_id: str,
+        platform: PlatformDep,
+        principal: PrincipalDep,
+        workspace: WorkspaceDep,
+        body: Annotated[StopIn | None, Body()] = None,
+    ) -> StoppedOut:
+        with platform.transaction() as session:
+            run = service.stop_run(
+                session, workspace, principal.user_id, kind, name_or_id, now=platform.now()
+            )
+            return StoppedOut(id=run.id, name=run.name, status=run.status)
 
-def _logs(
-    platform: Platform,
-    workspace: WorkspaceAccess,
-    kind: str,
-    name_or_id: str,
-    *,
-    limit: int,
-    direction: str,
-    cursor: str | None,
-) -> LogsOut:
-    with platform.read() as session:
-        page = service.run_logs(
+    def read_logs(
+        session: Session,
+        workspace: WorkspaceAccess,
+        name_or_id: str,
+        *,
+        limit: int,
+        direction: str,
+        cursor: str | None,
+    ) -> CursorPage[RunLog]:
+        return service.run_logs(
             session, workspace, kind, name_or_id, limit=limit, direction=direction, cursor=cursor
         )
-        return logs_out(page)
+
+    add_logs_route(router, f"{kind}_run_logs", read_logs)
 
 
 # --- eval runs -----------------------------------------------------------------------------
@@ -375,9 +386,7 @@ def list_eval_runs(
         people = service.people(session, page.items)
     return EvalRunsPageOut(
         eval_runs=[EvalRunOut(**_row(r, people, {}), results=eval_results(r)) for r in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
+        **page_fields(page),
     )
 
 
@@ -395,30 +404,7 @@ def get_eval_run(
     )
 
 
-@eval_router.post("/{name_or_id}/stop")
-def stop_eval_run(
-    name_or_id: str,
-    platform: PlatformDep,
-    principal: PrincipalDep,
-    workspace: WorkspaceDep,
-    body: Annotated[StopIn | None, Body()] = None,
-) -> StoppedOut:
-    return _stop(platform, workspace, principal.user_id, "eval", name_or_id)
-
-
-@eval_router.get("/{name_or_id}/logs")
-def eval_run_logs(
-    name_or_id: str,
-    *,
-    platform: PlatformDep,
-    workspace: WorkspaceDep,
-    limit: Annotated[int, Query()] = MAX_PAGE,
-    direction: Annotated[str, Query()] = "older",
-    cursor: Annotated[str | None, Query()] = None,
-) -> LogsOut:
-    return _logs(
-        platform, workspace, "eval", name_or_id, limit=limit, direction=direction, cursor=cursor
-    )
+_add_stop_and_logs(eval_router, "eval")
 
 
 # --- training runs -------------------------------------------------------------------------
@@ -446,9 +432,7 @@ def list_training_runs(
         training_runs=[
             TrainingRunOut(**_row(r, people, models), **_progress(r)) for r in page.items
         ],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
+        **page_fields(page),
     )
 
 
@@ -471,30 +455,7 @@ def get_training_run(
     )
 
 
-@training_router.post("/{name_or_id}/stop")
-def stop_training_run(
-    name_or_id: str,
-    platform: PlatformDep,
-    principal: PrincipalDep,
-    workspace: WorkspaceDep,
-    body: Annotated[StopIn | None, Body()] = None,
-) -> StoppedOut:
-    return _stop(platform, workspace, principal.user_id, "training", name_or_id)
-
-
-@training_router.get("/{name_or_id}/logs")
-def training_run_logs(
-    name_or_id: str,
-    *,
-    platform: PlatformDep,
-    workspace: WorkspaceDep,
-    limit: Annotated[int, Query()] = MAX_PAGE,
-    direction: Annotated[str, Query()] = "older",
-    cursor: Annotated[str | None, Query()] = None,
-) -> LogsOut:
-    return _logs(
-        platform, workspace, "training", name_or_id, limit=limit, direction=direction, cursor=cursor
-    )
+_add_stop_and_logs(training_router, "training")
 
 
 router.include_router(eval_router)

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from osmosis_ai.platform.api.deps import Platform, PlatformDep, PrincipalDep, WorkspaceDep
-from osmosis_ai.platform.api.wire import WireModel
+from osmosis_ai.platform.api.wire import WireModel, page_fields
 from osmosis_ai.platform.crypto import SecretBox, secret_key
 from osmosis_ai.platform.services import secrets as service
 from osmosis_ai.platform.services.paging import MAX_PAGE
@@ -93,9 +93,7 @@ def list_secrets(
         names = service.display_names(session, page.items)
     return SecretsPageOut(
         environment_secrets=[secret_out(s, names) for s in page.items],
-        total_count=page.total_count,
-        has_more=page.has_more,
-        next_offset=page.next_offset,
+        **page_fields(page),
     )
 
 

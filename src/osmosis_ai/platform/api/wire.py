@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import to_json
 
-from osmosis_ai.platform.services.paging import CursorPage
+from osmosis_ai.platform.services.paging import CursorPage, Page
 from osmosis_ai.platform.store.orm import DatasetLog, RunLog
 
 
@@ -59,6 +59,15 @@ def logs_out(page: CursorPage[DatasetLog] | CursorPage[RunLog]) -> LogsOut:
         ],
         next_cursor=page.next_cursor,
     )
+
+
+def page_fields(page: Page[Any]) -> dict[str, Any]:
+    """The paging fields of a list answer, for its model (which fixes their place in it)."""
+    return {
+        "total_count": page.total_count,
+        "has_more": page.has_more,
+        "next_offset": page.next_offset,
+    }
 
 
 def json_bytes(payload: object) -> bytes:
