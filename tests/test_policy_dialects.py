@@ -3,6 +3,7 @@ real openai and anthropic clients, the real proxy, the scripted model upstream."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -63,8 +64,17 @@ class Rig:
         """The chat-completions body the scripted upstream received."""
         return self.model.requests[index].body
 
-    def call(self, index: int, rollout: str = "r1") -> CallRecord:
-        return self.proxy.calls(rollout)[index]
+    async def calls(self, count: int, rollout: str = "r1") -> list[CallRecord]:
+        """The rollout's records once ``count`` are in: a call is recorded just after its
+        answer went out, so the client may see the answer first."""
+        for _ in range(500):
+            if len(records := self.proxy.calls(rollout)) >= count:
+                return records
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{len(self.proxy.calls(rollout))} calls recorded, not {count}")
+
+    async def call(self, index: int, rollout: str = "r1") -> CallRecord:
+        return (await self.calls(index + 1, rollout))[index]
 
 
 @contextlib.asynccontextmanager
@@ -127,7 +137,7 @@ async def test_responses_text_maps_onto_chat_and_records_the_same_tokens_as_chat
             max_tokens=64,
         )
         assert chat.choices[0].message.content == "Hello there."
-        via_responses, via_chat = r.call(0), r.call(0, "r2")
+        via_responses, via_chat = await r.call(0), await r.call(0, "r2")
         assert_tokens(via_responses, "Hello there.")
         assert via_responses.prompt_token_ids == via_chat.prompt_token_ids
         assert via_responses.completion_token_ids == via_chat.completion_token_ids
@@ -177,8 +187,8 @@ async def test_responses_tool_call_round_trip_with_function_call_items():
         assert messages[1]["role"] == "assistant"
         assert messages[1]["tool_calls"][0]["id"] == "call_add"
         assert messages[2] == {"role": "tool", "tool_call_id": "call_add", "content": "5"}
-        assert_tokens(r.call(0), '{"name": "add"')
-        assert_tokens(r.call(1), "The sum is 5.")
+        assert_tokens(await r.call(0), '{"name": "add"')
+        assert_tokens(await r.call(1), "The sum is 5.")
 
 
 async def test_responses_stream_emits_the_event_sequence_and_records_tokens():
@@ -204,8 +214,8 @@ async def test_responses_stream_emits_the_event_sequence_and_records_tokens():
         assert [e.sequence_number for e in events] == list(range(len(events)))
         done = events[-1].response
         assert done.output_text == "Streaming works fine." and done.usage is not None
-        assert_tokens(r.call(0), "Streaming works fine.")
-        assert r.call(0).stream
+        assert_tokens(await r.call(0), "Streaming works fine.")
+        assert (await r.call(0)).stream
         # a tool call streams as function_call items; the SDK's own stream helper agrees
         async with client.responses.stream(
             model="any",
@@ -221,7 +231,7 @@ async def test_responses_stream_emits_the_event_sequence_and_records_tokens():
         assert "response.function_call_arguments.done" in kinds
         (call,) = final.output
         assert call.type == "function_call" and json.loads(call.arguments) == {"a": 2, "b": 3}
-        assert_tokens(r.call(1), '{"name": "add"')
+        assert_tokens(await r.call(1), '{"name": "add"')
 
 
 async def test_responses_errors_come_in_the_openai_shape():
@@ -242,7 +252,7 @@ async def test_responses_errors_come_in_the_openai_shape():
             await r.openai().responses.create(model="any", input="hi")
         with pytest.raises(openai.RateLimitError, match="slow down"):
             await r.openai().responses.create(model="any", input="hi", stream=True)
-        assert [call.status_code for call in r.proxy.calls("r1")] == [429, 429]
+        assert [call.status_code for call in await r.calls(2)] == [429, 429]
 
 
 # -- the Messages API --------------------------------------------------------------------
@@ -295,8 +305,8 @@ async def test_messages_tool_use_round_trip_records_tokens():
         }
         assert messages[2] == {"role": "tool", "tool_call_id": "call_add", "content": "5"}
         assert messages[3] == {"role": "user", "content": "Go on."}
-        assert_tokens(r.call(0), '{"name": "add"')
-        assert_tokens(r.call(1), "The sum is 5.")
+        assert_tokens(await r.call(0), '{"name": "add"')
+        assert_tokens(await r.call(1), "The sum is 5.")
 
 
 async def test_messages_stream_emits_the_event_sequence_and_records_tokens():
@@ -314,7 +324,7 @@ async def test_messages_stream_emits_the_event_sequence_and_records_tokens():
         assert final.content[0].text == "Streaming works fine."
         assert final.stop_reason == "end_turn"
         assert final.usage.output_tokens == len("Streaming works fine.")
-        assert_tokens(r.call(0), "Streaming works fine.")
+        assert_tokens(await r.call(0), "Streaming works fine.")
         async with client.messages.stream(
             model="claude-any",
             max_tokens=64,
@@ -329,7 +339,7 @@ async def test_messages_stream_emits_the_event_sequence_and_records_tokens():
         assert final.stop_reason == "tool_use"
         (use,) = final.content
         assert use.type == "tool_use" and use.name == "add" and use.input == {"a": 2, "b": 3}
-        assert_tokens(r.call(1), '{"name": "add"')
+        assert_tokens(await r.call(1), '{"name": "add"')
 
 
 async def test_messages_auth_by_x_api_key_or_bearer_and_errors_in_the_anthropic_shape():
@@ -345,6 +355,7 @@ async def test_messages_auth_by_x_api_key_or_bearer_and_errors_in_the_anthropic_
             server_tool = {**body, "tools": [{"type": "web_search_20250305", "name": "web"}]}
             refused = await http.post(url, json=server_tool, headers=bearer)
             not_json = await http.post(url, content=b"{", headers=bearer)
+            models = await http.get(r.base() + "/v1/models", headers={"x-api-key": r.proxy.token})
         assert by_key.status_code == by_bearer.status_code == 200
         assert by_key.json()["content"] == [{"type": "text", "text": "ok"}]
         assert wrong.status_code == 401
@@ -357,7 +368,8 @@ async def test_messages_auth_by_x_api_key_or_bearer_and_errors_in_the_anthropic_
             assert answer.json()["error"]["type"] == "invalid_request_error"
             assert needle in answer.json()["error"]["message"]
         assert not_json.status_code == 400 and not_json.json()["type"] == "error"
-        assert len(r.proxy.calls("r1")) == 2  # refused requests never reach the sampler
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == POLICY
+        assert len(await r.calls(2)) == 2  # refused requests never reach the sampler
         with pytest.raises(anthropic.AuthenticationError):
             await r.anthropic(key="wrong").messages.create(
                 model="c", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
@@ -375,7 +387,7 @@ async def test_messages_upstream_errors_are_relayed_in_the_anthropic_shape():
                     messages=[{"role": "user", "content": "hi"}],
                     stream=stream,
                 )
-        assert [call.status_code for call in r.proxy.calls("r1")] == [429, 429]
+        assert [call.status_code for call in await r.calls(2)] == [429, 429]
 
 
 # -- the scripted model speaks both APIs on its own ---------------------------------------
@@ -604,4 +616,4 @@ async def test_a_stream_that_breaks_ends_with_the_apis_own_error_event():
     assert events[-1] == ("error", {"type": "error", "error": events[-1][1]["error"]})
     assert events[-1][1]["error"]["type"] == "api_error"
     assert "mid-stream" in events[-1][1]["error"]["message"]
-    assert all(call.status_code == 502 for call in proxy.calls("r1"))
+    assert [call.status_code for call in proxy.calls("r1")] == [502, 502]

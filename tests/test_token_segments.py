@@ -4,6 +4,8 @@ segment its own row instead of stitching tokens the sampler never saw together."
 
 from __future__ import annotations
 
+import asyncio
+
 import anthropic
 
 from osmosis_ai.controller import CallRecord, OpenAICompatibleUpstream, PolicyProxy
@@ -119,7 +121,10 @@ async def test_the_proxy_records_the_break_of_an_agent_that_summarises_its_histo
             {"role": "user", "content": "Check once more."},
         ]
         await client.messages.create(model="m", max_tokens=64, messages=summary)
-        calls = proxy.calls("r1")
+        for _ in range(500):  # a call is recorded just after its answer went out
+            if len(calls := proxy.calls("r1")) == 3:
+                break
+            await asyncio.sleep(0.01)
         report = proxy.trajectory_report("r1").samples["r1"]
         await proxy.upstream.aclose()
     assert len(calls) == 3 and all(call.ok for call in calls)

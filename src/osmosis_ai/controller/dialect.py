@@ -192,31 +192,37 @@ class ChunkReader:
 
     def read(self, chunk: Json, writer: ChunkSink) -> None:
         model = chunk.get("model")
-        if isinstance(model, str):
+        if model.__class__ is str:
             self.model = model
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if usage and isinstance(usage, dict):
             self.usage = usage
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            text = delta.get("content")
-            if text:
-                writer.on_text(str(text))
-            for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                position = call.get("index", 0)
-                if call.get("id") or function.get("name"):
-                    writer.on_call(
-                        position, str(call.get("id") or fresh_id("call")), function.get("name", "")
-                    )
-                if function.get("arguments"):
-                    writer.on_arguments(position, str(function["arguments"]))
+            delta = choice.get("delta")
+            if delta:
+                text = delta.get("content")
+                if text:
+                    writer.on_text(str(text))
+                calls = delta.get("tool_calls")
+                if calls:
+                    self._calls(calls, writer)
             reason = choice.get("finish_reason")
-            if isinstance(reason, str):
+            if reason.__class__ is str:
                 self.finish_reason = reason
                 self.stop_reason = choice.get("stop_reason")
+
+    @staticmethod
+    def _calls(calls: list[Json], writer: ChunkSink) -> None:
+        for call in calls:
+            function = call.get("function") or {}
+            position = call.get("index", 0)
+            if call.get("id") or function.get("name"):
+                call_id = str(call.get("id") or fresh_id("call"))
+                writer.on_call(position, call_id, function.get("name", ""))
+            if function.get("arguments"):
+                writer.on_arguments(position, str(function["arguments"]))
 
 
 class ChunkSink(ABC):

@@ -215,7 +215,7 @@ class PolicyProxy:
         if rest.endswith(_CHAT):
             segment = rest[: -len(_CHAT)]
         elif rest.endswith(_MODELS):
-            segment, allowed = rest[: -len(_MODELS)], "GET"
+            segment, allowed = rest[: -len(_MODELS)].removesuffix("/v1"), "GET"
         else:
             for suffix, candidate in _DIALECT_ROUTES:
                 if rest.endswith(suffix):

@@ -40,6 +40,8 @@ _STOP_REASONS = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
+_BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
+_MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 _TEXT_DELTA = (
     b"event: content_block_delta\ndata: "
     b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":%s}}\n\n'
@@ -265,7 +267,7 @@ class _MessagesWriter(StreamWriter, ChunkSink):
 
     def _stop_blocks(self) -> None:
         for index in self._open:
-            self._emit("content_block_stop", index=index)
+            self._out.append(_BLOCK_STOP % index)
         self._open = []
         self._text = None
 
@@ -299,7 +301,7 @@ class _MessagesWriter(StreamWriter, ChunkSink):
             delta={"stop_reason": reason, "stop_sequence": sequence},
             usage=usage,
         )
-        self._emit("message_stop")
+        self._out.append(_MESSAGE_STOP)
         return self._flush()
 
     def error(self, status: int, message: str) -> bytes:

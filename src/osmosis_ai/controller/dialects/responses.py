@@ -37,6 +37,17 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 _COPIED = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "seed")
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 _SNAPSHOT = b'event: %s\ndata: {"type":"%s","sequence_number":%d,"response":%s}\n\n'
+_TEXT_DONE = (
+    b"event: response.output_text.done\ndata: "
+    b'{"type":"response.output_text.done","sequence_number":%d,"item_id":"%s",'
+    b'"output_index":%d,"content_index":0,"text":%s,"logprobs":[]}\n\n'
+)
+_PART_DONE = (
+    b"event: response.content_part.done\ndata: "
+    b'{"type":"response.content_part.done","sequence_number":%d,"item_id":"%s",'
+    b'"output_index":%d,"content_index":0,'
+    b'"part":{"type":"output_text","text":%s,"annotations":[]}}\n\n'
+)
 _TEXT_DELTA = (
     b"event: response.output_text.delta\ndata: "
     b'{"type":"response.output_text.delta","sequence_number":%d,"item_id":"%s",'
@@ -346,21 +357,10 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
         index = self._output.index(item)
         text = "".join(self._texts)
         part = {"type": "output_text", "text": text, "annotations": []}
-        self._emit(
-            "response.output_text.done",
-            item_id=item["id"],
-            output_index=index,
-            content_index=0,
-            text=text,
-            logprobs=[],
-        )
-        self._emit(
-            "response.content_part.done",
-            item_id=item["id"],
-            output_index=index,
-            content_index=0,
-            part=part,
-        )
+        fields = (item["id"].encode(), index, quoted(text))
+        self._out.append(_TEXT_DONE % (self._sequence, *fields))
+        self._out.append(_PART_DONE % (self._sequence + 1, *fields))
+        self._sequence += 2
         item.update(status="completed", content=[part])
         self._emit("response.output_item.done", output_index=index, item=item)
 
