@@ -118,10 +118,15 @@ def _stop_early(run: DriverSession) -> _StoppedEarlyError:
 
 def _ended_early(run: DriverSession) -> str:
     """A run stopped before its first step here: its steps are those of earlier runs."""
+    _read_steps(run)
+    return "interrupted"
+
+
+def _read_steps(run: DriverSession) -> None:
+    """The run's rewards and steps done, from the metrics worker 0 wrote."""
     records = run.rundir.read_metrics()
     run.rewards = [r.get("training_reward") for r in records]
     run.steps_done = int(records[-1]["step"]) if records else 0
-    return "interrupted"
 
 
 def _place(run: DriverSession, ask: Ask) -> str:
@@ -207,9 +212,7 @@ def _fit(run: DriverSession, ask: Ask, *, vllm: Any, fleet: TrainingFleet) -> st
     error = getattr(result, "error", None)
     if error is not None:
         raise _ray_train_error(error, ask) from error
-    records = rundir.read_metrics()
-    run.rewards = [r.get("training_reward") for r in records]
-    run.steps_done = int(records[-1]["step"]) if records else 0
+    _read_steps(run)
     run.validations = _latest_per_step(pump.validations, run.steps_done)
     if pump.finished is None:
         raise TrainingError("the trainer workers ended without reporting how the run ended")
