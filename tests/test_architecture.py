@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,78 @@ def test_every_area_is_documented():
     areas = {area_of(p) for p in SOURCES} - {"__init__"}
     missing = {a for a in areas if f"`{a}" not in text}
     assert not missing, f"docs/architecture.md does not describe {sorted(missing)}"
+
+
+# --- the document agrees with the source -----------------------------------------------------
+
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "architecture.md"
+
+
+def doc_section(text: str, title: str) -> str:
+    """The text of the ``## <title>…`` section of ``text``, its ``###`` subsections included."""
+    match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match is not None, f"docs/architecture.md has no section '## {title}'"
+    return match.group(1)
+
+
+def named_paths(text: str) -> set[str]:
+    """The module paths named in backticks, ``x.py`` and ``a/b.py`` (``tests/…`` is the
+    repository's, not the package's)."""
+    found = set(re.findall(r"`([A-Za-z_][\w/]*\.py)`", text))
+    return {p for p in found if not p.startswith("tests/")}
+
+
+def test_the_named_paths_check_sees_paths():
+    text = "`eval/runner.py` in `eval/`, `tests/test_x.py`, `main.py` but not `<name>/main.py`"
+    assert named_paths(text) == {"eval/runner.py", "main.py"}
+
+
+def test_every_file_the_map_and_flows_name_exists():
+    text = ARCHITECTURE.read_text()
+    named = named_paths(doc_section(text, "Package map")) | named_paths(doc_section(text, "Flows"))
+    assert {"eval/runner.py", "train/ray/driver.py", "platform/worker/eval_job.py"} <= named
+    missing = sorted(p for p in named if not (PACKAGE / p).exists())
+    assert not missing, (
+        f"docs/architecture.md names files that are not under src/osmosis_ai/: {missing}"
+    )
+
+
+def documented_imports(text: str) -> dict[str, set[str]]:
+    """The package map's "may import" column: area -> the areas it names (``nothing`` is
+    none; a row whose cell is ``—``, package data, is left out)."""
+    table: dict[str, set[str]] = {}
+    for line in doc_section(text, "Package map").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        area = cells[0].strip("`").removesuffix(".py").removesuffix("/")
+        if cells[2] == "—":
+            continue
+        table[area] = set() if cells[2] == "nothing" else set(re.findall(r"`(\w+)`", cells[2]))
+    return table
+
+
+def test_the_table_parser_reads_rows():
+    text = (
+        "## Package map\n\n| area | owns | may import |\n|---|---|---|\n"
+        "| `errors.py` | the root | nothing |\n| `rollout/` | rollouts | `errors`, `consts` |\n"
+        "| `templates/` | data | — |\n\n## Next\n| `x/` | y | `z` |\n"
+    )
+    assert documented_imports(text) == {"errors": set(), "rollout": {"errors", "consts"}}
+
+
+def test_the_dependency_table_is_allowed():
+    """The package map's "may import" column is ALLOWED, row by row."""
+    documented = documented_imports(ARCHITECTURE.read_text())
+    differences = [
+        f"{area}: the document says {sorted(documented.get(area, set()))}, "
+        f"ALLOWED {sorted(ALLOWED.get(area, set()))}"
+        for area in sorted(set(documented) | set(ALLOWED))
+        if documented.get(area) != ALLOWED.get(area)
+    ]
+    assert not differences, "docs/architecture.md's package map disagrees:\n" + "\n".join(
+        differences
+    )
 
 
 # The platform's client (what the CLI talks to a platform with) stays light: no server code
