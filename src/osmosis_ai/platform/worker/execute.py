@@ -154,15 +154,21 @@ STANDBY = "--standby"
 logger = logging.getLogger("osmosis_ai.platform.worker.execute")
 
 
+def log_to_stderr(target: logging.Logger, line_format: str) -> None:
+    """``target``'s records of INFO and up as ``line_format`` lines on stderr, once per
+    process, and nowhere else."""
+    if not target.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(line_format))
+        target.addHandler(handler)
+        target.setLevel(logging.INFO)
+        target.propagate = False
+
+
 def configure_logging() -> None:
     """This process's lines on stderr, as they are: the worker copies them into the attempt's
     log and keeps the last ones for a crash's message."""
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    log_to_stderr(logger, "%(message)s")
 
 
 def main(argv: list[str] | None = None) -> int:

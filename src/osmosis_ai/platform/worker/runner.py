@@ -79,6 +79,7 @@ from osmosis_ai.platform.worker.execute import (
     STANDBY,
     UNCONTAINED,
     RunSpec,
+    log_to_stderr,
     work_dir_of,
 )
 from osmosis_ai.procs import kill_tree, signal_tree
@@ -792,12 +793,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def configure_logging() -> None:
     """Worker lines on stderr, once per process."""
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s worker: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    log_to_stderr(logger, "%(asctime)s worker: %(message)s")
 
 
 def main(argv: list[str] | None = None) -> int:
