@@ -546,6 +546,27 @@ async def test_messages_blocks_and_choices_map_onto_chat():
         assert sent["parallel_tool_calls"] is False
 
 
+async def test_messages_system_messages_inside_the_conversation_map_onto_chat_system():
+    # Claude Code sends extra context as a system-role message after the user's first one.
+    async with rig(scripted("ok")) as r:
+        answer = await r.anthropic().messages.create(
+            model="c",
+            max_tokens=8,
+            messages=[
+                {"role": "user", "content": "Hi."},
+                {"role": "system", "content": "Agents: none."},  # type: ignore[list-item]
+                {"role": "system", "content": [{"type": "text", "text": "Tools: Bash."}]},  # type: ignore[list-item]
+            ],
+        )
+        assert answer.content[0].text == "ok"  # type: ignore[union-attr]
+        assert r.upstream_body()["messages"] == [
+            {"role": "user", "content": "Hi."},
+            {"role": "system", "content": "Agents: none."},
+            {"role": "system", "content": "Tools: Bash."},
+        ]
+        assert_tokens(await r.call(0), "ok")
+
+
 class CrashingUpstream:
     """A chat upstream whose stream breaks after two chunks."""
 

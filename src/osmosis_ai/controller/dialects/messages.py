@@ -128,9 +128,12 @@ def _error(status: int, message: str) -> Json:
 
 
 def _add_message(messages: list[Json], message: object, where: str) -> None:
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        raise DialectError(f"{where}: a message needs role 'user' or 'assistant'")
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+        raise DialectError(f"{where}: a message needs role 'user', 'assistant' or 'system'")
     role, content = message["role"], message.get("content")
+    if role == "system":  # Claude Code sends context mid-conversation as system messages
+        messages.append({"role": "system", "content": text_of(content or "", _TEXT, where)})
+        return
     if isinstance(content, str):
         messages.append({"role": role, "content": content})
         return
