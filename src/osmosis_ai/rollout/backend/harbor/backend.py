@@ -48,6 +48,7 @@ from osmosis_ai.rollout.backend.base import ExecutionBackend, ResultCallback
 from osmosis_ai.rollout.backend.harbor.options import (
     UNTRAINABLE_AGENTS,
     TaskMode,
+    check_agent_prefix,
     check_native_agent,
     check_queue_depth,
     check_timeout,
@@ -96,6 +97,11 @@ from osmosis_ai.rollout.status import RolloutErrorCategory, RolloutStatus
 logger = logging.getLogger(__name__)
 
 AGENT_IMPORT_PATH = "osmosis_ai.rollout.backend.harbor.agent:OsmosisWorkflowAgent"
+PREFIX_AGENT_CLASSES = {
+    "mini-swe-agent": "osmosis_ai.rollout.backend.harbor.installed:PrefixMiniSweAgent",
+    "claude-code": "osmosis_ai.rollout.backend.harbor.installed:PrefixClaudeCode",
+}
+"""Harbor's installed agents run from ``agent_prefix`` (keys: ``PREFIX_COMMANDS``)."""
 SANDBOX_MODULE = "osmosis_ai.rollout.backend.harbor.sandbox"
 CODE_DIR_IN_ENV = "/osmosis/code"
 BUNDLE_DIR_IN_ENV = "/osmosis/bundle"
@@ -161,9 +167,13 @@ class HarborBackend(ExecutionBackend):
             the backend treats a trial's end as final). Its ``n_concurrent`` bounds trials
             running at once.
         tasks_dir: template mode: one task folder; dataset mode: a folder of task folders.
-        agent: a native agent name (``terminus-2``, ``mini-swe-agent``, ``opencode``,
-            ``oracle``), or an :class:`AgentWorkflow` subclass or its ``"module:Class"``.
+        agent: a native agent name (``terminus-2``, ``mini-swe-agent``, ``claude-code``,
+            ``opencode``, ``oracle``), or an :class:`AgentWorkflow` subclass or its
+            ``"module:Class"``.
         native_agent_kwargs: extra kwargs for a native agent.
+        agent_prefix: for ``mini-swe-agent`` and ``claude-code``: a host folder where the
+            agent is already installed (a virtual environment, an ``npm install --prefix``),
+            used by the trial instead of Harbor's per-trial install (which downloads).
         task_mode: ``"template"`` (default) or ``"dataset"``.
         model_name: the model a native agent asks for (``metadata["harbor_model"]``
             overrides it per request).
@@ -199,6 +209,7 @@ class HarborBackend(ExecutionBackend):
         tasks_dir: str | os.PathLike[str] | None = None,
         agent: str | type[AgentWorkflow[Any]] | None = None,
         native_agent_kwargs: dict[str, Any] | None = None,
+        agent_prefix: str | os.PathLike[str] | None = None,
         task_mode: TaskMode | str = TaskMode.TEMPLATE,
         model_name: str = "openai/osmosis-rollout",
         grader: type[Grader] | str | None = None,
@@ -240,6 +251,7 @@ class HarborBackend(ExecutionBackend):
             raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
         self.tasks_dir = _check_tasks_dir(Path(tasks_dir), self.task_mode)
         self._set_agents(agent, grader, native_agent_kwargs)
+        self.agent_prefix = check_agent_prefix(self.native_agent, agent_prefix)
         self.model_name = model_name
         self.workflow_config_path = _config_path(
             workflow_config, AgentWorkflowConfig, "workflow_config", self.workflow_cls
@@ -662,18 +674,25 @@ class HarborBackend(ExecutionBackend):
             if api_key:
                 kwargs["llm_kwargs"] = {**kwargs.get("llm_kwargs", {}), "api_key": api_key}
             return AgentConfig(name="terminus-2", model_name=model, kwargs=kwargs, **common)
-        env = {"MSWEA_COST_TRACKING": "ignore_errors"}
-        if chat_url:
-            env |= {"OPENAI_API_BASE": chat_url, "OPENAI_BASE_URL": chat_url}
-        if api_key:
-            env["OPENAI_API_KEY"] = api_key
-        return AgentConfig(
-            name=self.native_agent,
-            model_name=model,
-            env=env,
-            kwargs=dict(self.native_agent_kwargs),
-            **common,
-        )
+        kwargs = dict(self.native_agent_kwargs)
+        if self.native_agent == "claude-code":
+            # Claude Code speaks the Messages API: it appends /v1/messages to the base URL.
+            env = {"ANTHROPIC_BASE_URL": chat_url} if chat_url else {}
+            if api_key:
+                env["ANTHROPIC_API_KEY"] = api_key
+            model = "anthropic/" + model.rpartition("/")[2]
+        else:
+            env = {"MSWEA_COST_TRACKING": "ignore_errors"}
+            if chat_url:
+                env |= {"OPENAI_API_BASE": chat_url, "OPENAI_BASE_URL": chat_url}
+            if api_key:
+                env["OPENAI_API_KEY"] = api_key
+        name = str(self.native_agent)
+        placement: dict[str, Any] = {"name": name}
+        if self.agent_prefix is not None:
+            placement = {"import_path": PREFIX_AGENT_CLASSES[name]}
+            kwargs["host_prefix"] = self.agent_prefix
+        return AgentConfig(**placement, model_name=model, env=env, kwargs=kwargs, **common)
 
     def _environment_config(self, chat_url: str, env_mode: str = "") -> Any:
         config = self._base_environment().model_copy(deep=True)

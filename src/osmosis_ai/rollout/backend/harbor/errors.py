@@ -8,6 +8,8 @@
 ``UnsupportedDockerfileError`` (a ``ValueError``): a Dockerfile the sandbox cannot reproduce
 ``HarborFeatureUnsupportedError`` (a ``ValueError``): the installed Harbor lacks a feature
 the task asks for
+``AgentPrefixError`` (a ``RuntimeError``): an agent's host install prefix is missing its
+program
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from osmosis_ai.errors import DeadlineError, OsmosisError
 
 __all__ = [
+    "AgentPrefixError",
     "HarborFeatureUnsupportedError",
     "SandboxError",
     "SandboxStartTimeoutError",
@@ -49,3 +52,8 @@ class UnsupportedDockerfileError(OsmosisError, ValueError):
 class HarborFeatureUnsupportedError(OsmosisError, ValueError):
     """A task or trial asks for a Harbor feature the installed Harbor does not have; it is
     refused before anything runs. The message names the feature and the Harbor it needs."""
+
+
+class AgentPrefixError(OsmosisError, RuntimeError):
+    """A native agent run from a host install prefix (``agent_prefix``) finds no program
+    there as the trial sees it; the trial's agent set-up fails, naming the prefix."""

@@ -4,6 +4,7 @@ names, the keywords of older releases, and the check that Harbor itself is insta
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from enum import StrEnum
 from typing import Any
@@ -12,8 +13,12 @@ from osmosis_ai.errors import MissingExtraError
 
 MIGRATION_GUIDE = "https://docs.osmosis.ai/migration-guides/v0-3"
 
-NATIVE_AGENTS = ("terminus-2", "mini-swe-agent", "opencode", "oracle")
+NATIVE_AGENTS = ("terminus-2", "mini-swe-agent", "claude-code", "opencode", "oracle")
 """Harbor's own agents a rollout may use; any other name without a ``:`` is refused."""
+
+PREFIX_COMMANDS = {"mini-swe-agent": "mini-swe-agent", "claude-code": "claude"}
+"""The native agents that can run from a host install prefix (``agent_prefix``), each with
+the program Harbor's class runs."""
 
 UNTRAINABLE_AGENTS = frozenset({"oracle"})
 
@@ -117,3 +122,19 @@ def check_timeout(name: str, value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
     return float(value)
+
+
+def check_agent_prefix(agent: str | None, prefix: object) -> str | None:
+    """``prefix`` as an absolute folder path for an agent that can run from one, or
+    ``ValueError`` naming what is wrong."""
+    if prefix is None:
+        return None
+    if agent not in PREFIX_COMMANDS:
+        raise ValueError(
+            f"agent_prefix applies to the native agents {', '.join(PREFIX_COMMANDS)}, "
+            f"not agent={agent!r}"
+        )
+    path = os.path.abspath(os.path.expanduser(os.fspath(prefix)))  # type: ignore[arg-type]
+    if not os.path.isdir(path):
+        raise ValueError(f"agent_prefix {path} is not a folder (the {agent} install prefix)")
+    return path
