@@ -7,6 +7,10 @@
 # Installs bubblewrap (the local sandbox's runner), iproute2 (its allowlist addresses) and tmux
 # (terminus-2's terminal) with apt-get when they are missing and we are root. The sandbox also
 # needs Linux 5.19+ with user namespaces (the tier's tests skip, naming what is missing).
+# Installs the agent harnesses the trials run from a host prefix (HarborBackend's agent_prefix)
+# under .harbor-agents/ (OSMOSIS_HARBOR_AGENTS elsewhere; OSMOSIS_HARBOR_AGENTS=none skips):
+# mini-swe-agent in its own virtual environment with pip, claude-code with npm (skipped when
+# npm is missing). A no-network trial cannot download them, so they are installed here once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +60,32 @@ if [ "${#missing[@]}" -gt 0 ]; then
     echo "setup-harbor: ${missing[*]} missing and cannot be installed here; the tests that need them will skip"
   fi
 fi
+
+install_agents() {
+  local agents="${OSMOSIS_HARBOR_AGENTS:-.harbor-agents}" python
+  [ "$agents" = none ] && return 0
+  mkdir -p "$agents"
+  if [ ! -x "$agents/mini-swe-agent/bin/mini-swe-agent" ]; then
+    if python=$(find_python); then
+      echo "setup-harbor: installing mini-swe-agent into $agents/mini-swe-agent"
+      { "$python" -m venv "$agents/mini-swe-agent" \
+        && "$agents/mini-swe-agent/bin/python" -m pip install --quiet \
+          "mini-swe-agent${MINI_SWE_AGENT_VERSION:+==$MINI_SWE_AGENT_VERSION}"; } \
+        || echo "setup-harbor: mini-swe-agent could not be installed; its tests will skip"
+    fi
+  fi
+  if [ ! -e "$agents/claude-code/node_modules/.bin/claude" ]; then
+    if command -v npm >/dev/null 2>&1; then
+      echo "setup-harbor: installing claude-code into $agents/claude-code"
+      npm install --prefix "$agents/claude-code" --no-fund --no-audit --silent \
+        "@anthropic-ai/claude-code${CLAUDE_CODE_VERSION:+@$CLAUDE_CODE_VERSION}" \
+        || echo "setup-harbor: claude-code could not be installed; its tests will skip"
+    else
+      echo "setup-harbor: npm is missing: claude-code is not installed and its tests will skip"
+    fi
+  fi
+}
+install_agents
 
 if [ ! -x "$venv/bin/python" ]; then
   if ! python=$(find_python); then
