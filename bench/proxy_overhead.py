@@ -200,7 +200,7 @@ async def routes(
     return rows
 
 
-async def run(calls: int, block: int, warmup: int) -> None:
+async def run(calls: int, block: int, warmup: int, apis_only: bool) -> None:
     model_port, proxy_port = free_port(), free_port()
     model = start([__file__, "--serve-model", str(model_port)])
     model_url = f"http://127.0.0.1:{model_port}/v1"
@@ -227,7 +227,7 @@ async def run(calls: int, block: int, warmup: int) -> None:
                 f"{'stream':<7}{'conc':>5}  {'direct p50':>10}{'p95':>8}  {'proxy p50':>10}"
                 f"{'p95':>8}  {'overhead p50':>12}{'p95':>8}  {'CPU model':>9}{'proxy':>9}"
             )
-            for stream in (False, True):
+            for stream in () if apis_only else (False, True):
                 for concurrency in (1, 16):
                     pids = (model.pid, proxy.pid)
                     print(await cell(client, urls, pids, stream, calls, block, concurrency))
@@ -251,6 +251,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="calls per target and row")
     parser.add_argument("--block", type=int, default=100, help="calls per alternating block")
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--apis-only", action="store_true", help="only the table of the APIs")
     parser.add_argument("--serve-proxy", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-model", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", help=argparse.SUPPRESS)
@@ -261,7 +262,7 @@ def main() -> None:
     if args.serve_proxy:
         serve_proxy(args.serve_proxy, args.upstream)
         return
-    asyncio.run(run(args.calls, args.block, args.warmup))
+    asyncio.run(run(args.calls, args.block, args.warmup, args.apis_only))
 
 
 if __name__ == "__main__":
