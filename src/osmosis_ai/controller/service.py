@@ -35,8 +35,9 @@ class ControllerServiceError(ControllerError):
 
 
 class ControllerService:
-    """Serves ``proxy`` (``/v1/rollouts/{id}/chat/completions``, ``/models``) and a
-    :class:`CallbackListener` (``/v1/rollouts/{id}/completion``, ``/grader``) together.
+    """Serves ``proxy`` (``/v1/rollouts/{id}/chat/completions``, ``/responses``,
+    ``/messages``, ``/models``) and a :class:`CallbackListener`
+    (``/v1/rollouts/{id}/completion``, ``/grader``) together.
 
     Args:
         proxy: the policy proxy; its :attr:`~PolicyProxy.token` is the model bearer.
