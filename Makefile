@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SRC := src tests bench examples
 
-.PHONY: setup setup-harbor test-harbor setup-ray test-ray demo demo-protocol test test-slow test-all format format-check lint typecheck check clean
+.PHONY: setup setup-harbor test-harbor setup-harbor-oldest test-harbor-oldest setup-ray test-ray demo demo-protocol test test-slow test-all format format-check lint typecheck check clean
 
 setup:
 	@scripts/setup.sh
@@ -37,6 +37,13 @@ setup-harbor:
 test-harbor: setup-harbor
 	.venv-harbor/bin/pytest -q -m harbor tests/harbor
 
+# The same tier on the oldest Harbor the extra accepts (0.20.0), in .venv-harbor-020.
+setup-harbor-oldest:
+	@HARBOR_VERSION=0.20.0 scripts/setup_harbor.sh
+
+test-harbor-oldest: setup-harbor-oldest
+	.venv-harbor-020/bin/pytest -q -m "harbor and not slow" tests/harbor
+
 format: setup
 	$(BIN)/ruff format $(SRC)
 	$(BIN)/ruff check --fix $(SRC)
@@ -53,4 +60,4 @@ typecheck: setup
 check: format-check lint typecheck test test-slow
 
 clean:
-	rm -rf $(VENV) .venv-harbor .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-harbor .venv-harbor-020 .pytest_cache .ruff_cache
