@@ -26,7 +26,7 @@ pytest.importorskip("trl", reason="needs the 'train' extra: pip install \"osmosi
 
 from cli_support import invoke
 from osmosis_ai.train.demo import setup_workspace
-from osmosis_ai.train.errors import NoRewardError
+from osmosis_ai.train.errors import NoRewardError, TokenFidelityError
 from osmosis_ai.train.plan import TrainRunOptions
 from osmosis_ai.train.runner import run_training
 from osmosis_ai.train.tiny_model import build_tiny_model
@@ -123,6 +123,8 @@ def test_cli_smoke_trains_and_writes_a_loadable_checkpoint(workspace: Path, caps
         for key in ("training_reward", "entropy", "response_length", "rollouts_per_s"):
             assert isinstance(record[key], float) and math.isfinite(record[key]), key
         assert record["rollouts"] == 16 and record["policy_version_lag"] == 0
+        # one model call a rollout: one unbroken token segment each, one row each
+        assert record["token_segments"] == 16 and record["chain_breaks"] == 0
         assert 0.0 <= record["frac_reward_zero_std"] <= 1.0
     assert records[1]["validation_reward"] is not None  # eval_interval = 2
     assert [v["step"] for v in resource["validation"]] == [0, 2, 3]
@@ -146,6 +148,94 @@ def test_cli_smoke_trains_and_writes_a_loadable_checkpoint(workspace: Path, caps
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=2, do_sample=False)
     assert out.shape[1] > ids.shape[1]
+
+
+REWRITING_WORKFLOW = '''
+from osmosis_ai.rollout import AgentWorkflow, AgentWorkflowOutput, LocalBackend
+from osmosis_ai.rollout import get_rollout_context
+from osmosis_ai.rollout.http import post_json
+
+from copy_digit_grader import ExactMatchGrader
+
+ONLY_ODD = False  # rewrite only when the digit to copy is odd
+
+
+
+class SummarizingWorkflow(AgentWorkflow):
+    """Asks twice; before the second call it replaces the history with a summary, so the
+    second prompt does not extend the first call's tokens."""
+
+    async def run(self, ctx):
+        rollout = get_rollout_context()
+        headers = {"Authorization": f"Bearer {rollout.api_key}"}
+        url = f"{rollout.chat_completions_url}/chat/completions"
+        messages = list(ctx.prompt)
+        first = await post_json(
+            url, {"model": "m", "messages": messages, "max_tokens": 4}, headers=headers
+        )
+        draft = first["choices"][0]["message"].get("content") or ""
+        question = messages[-1]["content"]
+        if ONLY_ODD and int(question[-1]) % 2 == 0:
+            return AgentWorkflowOutput(messages=[*messages, {"role": "assistant", "content": draft}])
+        summary = [{"role": "user", "content": f"Draft was {draft!r}. {question}"}]
+        second = await post_json(
+            url, {"model": "m", "messages": summary, "max_tokens": 4}, headers=headers
+        )
+        answer = second["choices"][0]["message"].get("content") or ""
+        return AgentWorkflowOutput(messages=[*summary, {"role": "assistant", "content": answer}])
+
+
+if __name__ == "__main__":
+    from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
+
+    backend = LocalBackend(workflow=SummarizingWorkflow, grader=ExactMatchGrader)
+    app = create_rollout_server(backend=backend, configure_logging=False, save_trajectories=False)
+    run_rollout_server(app, log_level="warning", access_log=False)
+'''
+"""A copy-digit rollout whose agent rewrites its conversation between its two model calls."""
+
+
+def rewriting_workspace(workspace: Path, *, only_odd: bool = False) -> Path:
+    folder = workspace / "rollouts" / "copy-digit"
+    (folder / "main.py").rename(folder / "copy_digit_grader.py")
+    (folder / "main.py").write_text(
+        REWRITING_WORKFLOW.replace("ONLY_ODD = False", f"ONLY_ODD = {only_odd}")
+    )
+    return workspace
+
+
+def test_each_unbroken_token_segment_trains_as_its_own_row(workspace: Path):
+    rewriting_workspace(workspace)
+    result = run_training(options(workspace, name="segments", max_steps=2))
+    assert result.status == "success" and result.steps_done == 2
+    records = metrics(result.run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        # each rollout: two segments, both trained (the trainer took the second ones)
+        assert record["rollouts"] == 16 and record["failed_rollouts"] == 0
+        assert record["token_segments"] == 32 and record["chain_breaks"] == 16
+        assert record["dropped_calls"] == 0
+        assert math.isfinite(record["training_reward"])  # type: ignore[arg-type]
+
+
+def test_segments_join_micro_batched_steps_beside_unbroken_rollouts(workspace: Path):
+    """Only rollouts of odd digits rewrite: their second segments join a step split into 8
+    micro-batches (rows that carry no loss fill the last), the others stay one row each."""
+    rewriting_workspace(workspace, only_odd=True)
+    result = run_training(options(workspace, name="mixed", max_steps=2, micro_batch_size=2))
+    assert result.status == "success" and result.steps_done == 2
+    records = metrics(result.run_dir)
+    assert any(record["chain_breaks"] for record in records)
+    for record in records:
+        breaks = record["chain_breaks"]
+        assert isinstance(breaks, int) and breaks % 4 == 0  # a prompt's 4 samples alike
+        assert record["token_segments"] == 16 + breaks and record["failed_rollouts"] == 0
+
+
+def test_strict_token_chain_fails_a_run_whose_agent_rewrites(workspace: Path):
+    rewriting_workspace(workspace)
+    with pytest.raises(TokenFidelityError, match="not an append-only extension"):
+        run_training(options(workspace, name="strict", max_steps=1, strict_token_chain=True))
 
 
 LEARNING_CONFIG = """

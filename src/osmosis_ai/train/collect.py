@@ -1,6 +1,12 @@
 """TRL's ``rollout_func``: each prompt of a step becomes a rollout through the protocol,
 each rollout a training row with its reward (``None`` when it has none: excluded).
 
+A rollout whose agent rewrote its conversation between calls has several unbroken token
+segments (:func:`~osmosis_ai.train.tokens.build_rows`), each a row of its own: TRL takes
+exactly one completion per prompt, so the rollout's slot gets its longest segment and the
+others wait in :meth:`RolloutCollector.take_segments` until the trainer appends them to the
+step's batch with the rollout's advantage (:func:`~osmosis_ai.train.engine.append_segments`).
+
 With the local policy, the next step's rollouts are dispatched as soon as a step's rows are
 handed over, so the rollout server starts them while the trainer computes the update; the
 policy holds their model calls until the trainer asks for that step, after the update, so
@@ -28,7 +34,7 @@ from osmosis_ai.train.bridge import RolloutBatch, RolloutBridge
 from osmosis_ai.train.errors import NoRewardError
 from osmosis_ai.train.events import EvalSummary
 from osmosis_ai.train.step_watch import StepWatch
-from osmosis_ai.train.tokens import TrainingRow, build_row, excluded_row
+from osmosis_ai.train.tokens import TrainingRow, build_row, build_rows, excluded_row
 from osmosis_ai.workspace import DatasetRow
 
 logger = logging.getLogger(__name__)
@@ -94,6 +100,7 @@ class StepStats:
     failed: int = 0
     groups: int = 0
     groups_without_signal: int = 0
+    token_segments: int = 0  # rows trained: scored rollouts' unbroken token segments
     chain_breaks: int = 0
     dropped_calls: int = 0
     truncated: int = 0
@@ -114,6 +121,7 @@ class StepStats:
             "rollouts": self.rollouts,
             "failed_rollouts": self.failed,
             "groups_without_signal": self.groups_without_signal,
+            "token_segments": self.token_segments,
             "chain_breaks": self.chain_breaks,
             "dropped_calls": self.dropped_calls,
             "truncation_ratio": self.truncated / max(self.scored, 1),
@@ -148,6 +156,8 @@ class RolloutCollector:
     rollouts may be dispatched ahead, else ``None``; without it nothing is.
     ``sampler_logprobs``: hand TRL the sampled tokens' logprobs (its vLLM importance
     sampling correction reads them; nothing else does).
+    ``strict``: a rollout whose calls break the token chain fails the run; otherwise each
+    of its unbroken segments is trained as a row (see :meth:`take_segments`).
     """
 
     def __init__(
@@ -182,6 +192,7 @@ class RolloutCollector:
         self.watch: StepWatch | None = None  # the trainer step deadline, paused for rollouts
         self._fallbacks: dict[int, list[int]] = {}
         self._ahead: _Ahead | None = None
+        self._segments: list[tuple[int, TrainingRow]] = []
 
     def request(self, index: int, sample: int, **extra: Any) -> DispatchRequest:
         row = self.rows[index]
@@ -224,8 +235,12 @@ class RolloutCollector:
         if batches is not None and after is not None:
             stats.policy_batches = after - batches
         stats.policy_version_lag = max(0, step - 1 - version)
-        pairs = zip(indices, outcomes, strict=True)
-        rows = [self._row(index, outcome, stats) for index, outcome in pairs]
+        rows: list[TrainingRow] = []
+        segments: list[tuple[int, TrainingRow]] = []
+        for index, outcome in zip(indices, outcomes, strict=True):
+            first, *others = self._rows(index, outcome, stats)
+            segments += [(len(rows), row) for row in others]
+            rows.append(first)
         _count_groups(stats, [row.reward for row in rows], self.group_size)
         self.last = stats
         if stats.scored == 0:
@@ -235,6 +250,7 @@ class RolloutCollector:
                 f"common failure: {reason}. Fix the rollout (try `osmosis eval run` on the "
                 "same rollout), then resume with --resume"
             )
+        self._segments = segments
         self._dispatch_ahead(step + 1, version + 1)
         output: dict[str, list[Any] | None] = {
             "prompt_ids": [row.prompt_ids for row in rows],
@@ -284,36 +300,62 @@ class RolloutCollector:
             self.bridge.upstream.hold(False)
             self.bridge.abandon(ahead.batch)
 
-    def _row(self, index: int, outcome: DispatchOutcome, stats: StepStats) -> TrainingRow:
+    def take_segments(self) -> list[tuple[int, TrainingRow]]:
+        """The last step's further segment rows, each with the position of its rollout's row
+        among the rows handed to TRL; taken once, by the trainer, which appends them to its
+        batch (the step's ``token_segments`` counts them from then on)."""
+        segments, self._segments = self._segments, []
+        if self.last is not None:
+            self.last.token_segments += len(segments)
+        return segments
+
+    def _rows(self, index: int, outcome: DispatchOutcome, stats: StepStats) -> list[TrainingRow]:
+        """The rollout's rows: the one for its slot first (its longest segment, or an
+        excluded row), then its other segments in call order."""
         stats.rollouts += 1
         reward, reason = outcome_reward(outcome)
-        row = None
+        rows: list[TrainingRow] = []
         if reward is not None:
-            row = build_row(
-                outcome.rollout_id,
-                outcome.calls,
-                reward,
-                max_response_length=self.max_response_length,
-                strict=self.strict,
-            )
-            if row is None:
+            rows = self._segment_rows(outcome, reward)
+            if not rows:
                 reason = "the rollout made no model call that produced tokens"
-        if row is None:
+        if not rows:
             stats.failed += 1
             text = reason or "unknown"
             stats.reasons[text] += 1
             if self.on_failure is not None:
                 self.on_failure(outcome.rollout_id, text)
-            row = excluded_row(self._prompt_of(index, outcome), self.stop_id, text)
-        else:
-            stats.scored += 1
-            stats.chain_breaks += row.chain_breaks
-            stats.dropped_calls += row.dropped_calls
-            stats.truncated += int(row.truncated)
+            return [excluded_row(self._prompt_of(index, outcome), self.stop_id, text)]
+        stats.scored += 1
+        stats.token_segments += 1  # the others count once the trainer takes them
+        stats.chain_breaks += rows[0].chain_breaks
+        stats.dropped_calls += sum(1 for call in outcome.calls if call.ok) - sum(
+            row.calls for row in rows
+        )
+        stats.truncated += int(any(row.truncated for row in rows))
+        for row in rows:
             stats.model_tokens += row.model_tokens
             stats.env_tokens += len(row.env_mask) - row.model_tokens
             stats.total_tokens += len(row.prompt_ids) + len(row.completion_ids)
-        return row
+        return rows
+
+    def _segment_rows(self, outcome: DispatchOutcome, reward: float) -> list[TrainingRow]:
+        if self.strict:  # a break fails the run; without one there is a single segment
+            row = build_row(
+                outcome.rollout_id,
+                outcome.calls,
+                reward,
+                max_response_length=self.max_response_length,
+                strict=True,
+            )
+            return [] if row is None else [row]
+        rows = build_rows(
+            outcome.rollout_id, outcome.calls, reward, max_response_length=self.max_response_length
+        )
+        if len(rows) > 1:  # the slot takes the longest (ties: the later), as build_row would
+            first = max(reversed(rows), key=lambda row: row.model_tokens)
+            rows = [first, *(row for row in rows if row is not first)]
+        return rows
 
     def _prompt_of(self, index: int, outcome: DispatchOutcome) -> list[int]:
         for call in outcome.calls:

@@ -8,8 +8,10 @@ checkpointing; TRL does the GRPO maths, the optimizer and its resumable checkpoi
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
+import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -22,6 +24,7 @@ from osmosis_ai.train.errors import OutOfMemoryError
 from osmosis_ai.train.events import WarmupEvent
 from osmosis_ai.train.plan import TrainPlan
 from osmosis_ai.train.step_watch import StepWatch, run_watched
+from osmosis_ai.train.tokens import TrainingRow
 from osmosis_ai.workspace import DatasetRow, LoraSection
 
 _FEATURE = "osmosis train run"
@@ -290,7 +293,11 @@ def build_trainer(
     *,
     rollout_func: Callable[[list[Any], Any], dict[str, list[Any] | None]],
     callbacks: Sequence[Any],
+    segments: Callable[[], Sequence[tuple[int, TrainingRow]]] | None = None,
 ) -> Any:
+    """TRL's GRPO trainer over the plan's prompts. ``segments`` gives, after each call of
+    ``rollout_func``, the further token segments of its rollouts (the position of their
+    rollout's row, the row): they join the step's batch (:func:`append_segments`)."""
     from datasets import Dataset
     from trl.trainer.grpo_trainer import GRPOTrainer
 
@@ -307,7 +314,199 @@ def build_trainer(
         rollout_func=rollout_func,
         callbacks=list(callbacks),
     )
+    if segments is not None:
+        _train_segments(trainer, segments)
     return _silence(trainer)
+
+
+def _train_segments(trainer: Any, take: Callable[[], Sequence[tuple[int, TrainingRow]]]) -> None:
+    """Have ``trainer`` append the segments ``take`` gives to each generation batch."""
+    score = trainer._generate_and_score_completions
+
+    def generate_and_score(inputs: Any) -> Any:
+        batch = score(inputs)
+        extra = list(take())
+        if extra or trainer.accelerator.num_processes > 1:  # all workers gather the count
+            batch = append_segments(trainer, batch, extra)
+        return batch
+
+    trainer._generate_and_score_completions = generate_and_score
+
+
+_SEGMENT_KEYS = {
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "advantages",
+    "num_items_in_batch",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "importance_sampling_ratio",
+    "tool_mask",
+}
+
+
+def append_segments(
+    trainer: Any, batch: dict[str, Any], segments: Sequence[tuple[int, TrainingRow]]
+) -> dict[str, Any]:
+    """``batch`` (what GRPO scored for one generation batch) with ``segments`` appended:
+    each a row of its own, with the advantage of the rollout whose row sits at its
+    position. As in verl's and SkyRL's multi-turn training, every segment of a trajectory
+    carries the trajectory's advantage, computed once per prompt group over the rollouts
+    (never re-normalised over segments). The old and reference log-probabilities are
+    computed for the new rows as TRL does for the others, and rows that carry no loss pad
+    the batch to a multiple of ``steps_per_generation`` (TRL splits it evenly)."""
+    import torch
+
+    rows = [row for _, row in segments]
+    advantages = [float(batch["advantages"][slot]) for slot, _ in segments]
+    unknown = sorted({key for key, value in batch.items() if value is not None} - _SEGMENT_KEYS)
+    if rows and unknown:
+        raise ConfigError(
+            f"a rollout with several token segments cannot join a batch with {unknown} "
+            "(multimodal inputs): keep the agent's conversation append-only"
+        )
+    out = dict(batch)
+    extra_items = torch.zeros((), device=batch["prompt_ids"].device)
+    if rows:
+        spare = -(len(batch["advantages"]) + len(rows)) % trainer.args.steps_per_generation
+        rows += [_no_loss(rows[-1])] * spare
+        advantages += [0.0] * spare
+        new = _segment_batch(trainer, batch, rows)
+        extra_items = (new["completion_mask"] * new["tool_mask"]).sum()
+        if batch.get("tool_mask") is None:
+            out["tool_mask"] = torch.ones_like(batch["completion_mask"])
+        pad = trainer._tokenizer.pad_token_id
+        fill = {"prompt_ids": pad, "completion_ids": pad, "tool_mask": 1}
+        for key, tensor in new.items():
+            if tensor.size(1) == 1 and key == "importance_sampling_ratio":  # per sequence
+                out[key] = torch.cat([out[key], tensor.to(out[key])])
+            else:
+                left = key.startswith("prompt")
+                out[key] = _joined(out[key], tensor, fill.get(key, 0), left=left)
+        out["advantages"] = torch.cat(
+            [batch["advantages"], torch.tensor(advantages).to(batch["advantages"])]
+        )
+    if trainer.accelerator.num_processes > 1:
+        extra_items = trainer.accelerator.gather(extra_items.reshape(1)).sum()
+    out["num_items_in_batch"] = batch["num_items_in_batch"] + extra_items
+    return out
+
+
+def _segment_batch(
+    trainer: Any, batch: dict[str, Any], rows: Sequence[TrainingRow]
+) -> dict[str, Any]:
+    """The tensors of ``rows`` under ``batch``'s keys (padded among themselves)."""
+    import torch
+
+    device, long = batch["prompt_ids"].device, torch.long
+    pad = trainer._tokenizer.pad_token_id
+    new = {
+        "prompt_ids": _stack([r.prompt_ids for r in rows], pad, long, device, left=True),
+        "prompt_mask": _stack([[1] * len(r.prompt_ids) for r in rows], 0, long, device, left=True),
+        "completion_ids": _stack([r.completion_ids for r in rows], pad, long, device),
+        "completion_mask": _stack([[1] * len(r.completion_ids) for r in rows], 0, long, device),
+        "tool_mask": _stack([r.env_mask for r in rows], 1, long, device),
+    }
+    if trainer.mask_truncated_completions:
+        ends = {*trainer.eos_token_ids, pad}
+        cut = torch.tensor([r.completion_ids[-1] not in ends for r in rows], device=device)
+        new["completion_mask"] = new["completion_mask"] * (~cut).unsqueeze(1).long()
+    ids = torch.cat([new["prompt_ids"], new["completion_ids"]], dim=1)
+    attention = torch.cat([new["prompt_mask"], new["completion_mask"]], dim=1)
+    new.update(_segment_logps(trainer, batch, ids, attention, new["completion_ids"].size(1)))
+    if batch.get("sampling_per_token_logps") is not None:
+        sampled = _stack([r.logprobs for r in rows], 0.0, torch.float32, device)
+        new["sampling_per_token_logps"] = sampled
+        if batch.get("importance_sampling_ratio") is not None:
+            mask = new["completion_mask"] * new["tool_mask"]
+            ratio = _sampling_ratio(trainer, new["old_per_token_logps"], sampled, mask)
+            new["importance_sampling_ratio"] = ratio
+    return new
+
+
+def _stack(
+    lists: Sequence[Sequence[float]], value: float, dtype: Any, device: Any, *, left: bool = False
+) -> Any:
+    """``lists`` as one tensor, each padded with ``value`` to the longest (on the left or
+    the right)."""
+    import torch
+
+    width = max(len(values) for values in lists)
+    padded = [
+        [value] * (width - len(v)) + list(v) if left else list(v) + [value] * (width - len(v))
+        for v in lists
+    ]
+    return torch.tensor(padded, dtype=dtype, device=device)
+
+
+def _joined(old: Any, new: Any, value: float, *, left: bool = False) -> Any:
+    """The rows of ``old`` then ``new``, both padded with ``value`` to the wider one."""
+    import torch
+
+    width = max(old.size(1), new.size(1))
+
+    def widen(tensor: Any) -> Any:
+        extra = width - tensor.size(1)
+        return torch.nn.functional.pad(tensor, (extra, 0) if left else (0, extra), value=value)
+
+    return torch.cat([widen(old), widen(new).to(old)])
+
+
+def _no_loss(row: TrainingRow) -> TrainingRow:
+    """``row`` with every completion token masked out: it fills a batch, training nothing."""
+    return dataclasses.replace(row, env_mask=[0] * len(row.env_mask))
+
+
+def _segment_logps(
+    trainer: Any, batch: dict[str, Any], ids: Any, attention: Any, keep: int
+) -> dict[str, Any]:
+    """The old and reference per-token log-probabilities of new rows, where ``batch`` has
+    them: computed as TRL computes them for the rows it generated."""
+    import torch
+
+    logps: dict[str, Any] = {}
+    size = trainer.args.per_device_train_batch_size
+
+    def compute(model: Any) -> Any:
+        values, _, _ = trainer._get_per_token_logps_and_entropies(
+            model, ids, attention, keep, batch_size=size
+        )
+        return values
+
+    with torch.no_grad():
+        if batch.get("old_per_token_logps") is not None:
+            logps["old_per_token_logps"] = compute(trainer.model)
+        if batch.get("ref_per_token_logps") is not None:
+            if trainer.ref_model is not None:
+                logps["ref_per_token_logps"] = compute(trainer.ref_model)
+            else:  # a LoRA run: the reference is the base model, its adapter off
+                from trl.trainer.utils import use_adapter
+
+                model = trainer.accelerator.unwrap_model(trainer.model)
+                name = "ref" if "ref" in model.peft_config else None
+                with use_adapter(model, adapter_name=name):
+                    logps["ref_per_token_logps"] = compute(trainer.model)
+    return logps
+
+
+def _sampling_ratio(trainer: Any, old: Any, sampled: Any, mask: Any) -> Any:
+    """TRL's vLLM importance-sampling ratio of new rows, in its configured mode."""
+    import torch
+
+    diff = torch.nan_to_num((old - sampled) * mask, nan=0.0)
+    mode = trainer.vllm_importance_sampling_mode
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    low, high = trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=low, max=high)
+    low = -math.inf if low is None else low
+    high = math.inf if high is None else high
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
 def served_model(trainer: Any) -> Any:

@@ -327,7 +327,13 @@ class Session:
             plan, self.rundir.resume_dir, device, report_to, world=self.world, sharded=self.sharded
         )
         self.trainer = engine.build_trainer(
-            self.model, tokenizer, plan, args, rollout_func=self.collector, callbacks=[callback]
+            self.model,
+            tokenizer,
+            plan,
+            args,
+            rollout_func=self.collector,
+            callbacks=[callback],
+            segments=self.collector.take_segments,
         )
         if vllm_url is None and engine.served_model(self.trainer) is not self.model:
             serve(engine.served_model(self.trainer))
