@@ -16,6 +16,7 @@ from osmosis_ai.rollout.backend.harbor.options import (
     MIGRATION_GUIDE,
     HarborUnavailableError,
     TaskMode,
+    check_agent_prefix,
     harbor_available,
 )
 
@@ -162,3 +163,13 @@ def test_without_harbor_valid_arguments_raise_a_clear_import_error(tmp_path):
     message = str(error)
     assert "osmosis-ai[harbor]" in message and "Python >= 3.12" in message
     assert ".".join(map(str, sys.version_info[:2])) in message
+
+
+def test_agent_prefix_is_a_folder_for_an_agent_that_runs_from_one(tmp_path: Path):
+    assert check_agent_prefix("claude-code", tmp_path) == str(tmp_path)
+    assert check_agent_prefix("mini-swe-agent", str(tmp_path)) == str(tmp_path)
+    assert check_agent_prefix("terminus-2", None) is None
+    with pytest.raises(ValueError, match="applies to the native agents mini-swe-agent, claude"):
+        check_agent_prefix("terminus-2", tmp_path)
+    with pytest.raises(ValueError, match="is not a folder"):
+        check_agent_prefix("mini-swe-agent", tmp_path / "missing")
