@@ -145,7 +145,7 @@ def build_row(
             f"rollout {rollout_id}: {breaks[0].describe()}. The agent rewrote the "
             "conversation (re-rendered or edited messages), so its calls are not one "
             "append-only token sequence; keep the history as the model produced it, or run "
-            "without strict token chains to train on the longest chain"
+            "without strict token chains to train on each unbroken chain as a row of its own"
         )
     candidates = [chain for chain in chains if chain.model_tokens > 0]
     if not candidates:

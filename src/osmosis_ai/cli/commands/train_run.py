@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--strict-token-chain",
         action="store_true",
         help="fail when an agent's model calls do not extend one another (default: train "
-        "on the longest append-only chain and count the rest)",
+        "on each unbroken chain of calls as a row of its own)",
     )
     parser.add_argument("--eval-rows", type=positive_int, metavar="N", help="validation rows")
     parser.add_argument(
