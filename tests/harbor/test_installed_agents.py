@@ -6,6 +6,11 @@ agent reaches only the forwarded endpoint), the task's verifier scores 1, and th
 endpoint's trace holds the token ids of every call the agent made. The prefixes are what
 ``scripts/setup_harbor.sh`` installs under ``.harbor-agents/`` (``OSMOSIS_HARBOR_AGENTS``
 points elsewhere); a test skips, naming the missing install, when its prefix is absent.
+
+Then ``osmosis train run``, unchanged, takes 2 GRPO steps of the tiny model whose every
+rollout is a trial of such an agent (the trainer's Python and the rollout server's, as in
+test_train_harbor.py): the agent's calls are sampled from the policy, and the verifier's
+reward reaches the trainer.
 """
 
 from __future__ import annotations
@@ -217,3 +222,140 @@ async def test_an_agent_prefix_without_the_program_fails_the_trial_naming_it(tmp
         assert proxy.calls(request.id) == []
     assert outcome.workflow.status != RolloutStatus.SUCCESS
     assert f"no mini-swe-agent under {empty}" in (outcome.workflow.err_message or "")
+
+
+# -- a training run whose rollouts are mini-swe-agent trials ----------------------------
+
+ROLLOUT_MAIN = '''
+"""Each rollout is a Harbor trial of the greeting task, run by one of Harbor's installed
+agents from a host install prefix; the task's own tests/test.sh is the reward."""
+
+from pathlib import Path
+
+from harbor.trial.queue import TrialQueue
+
+from osmosis_ai.rollout.backend.harbor import HarborBackend
+from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
+
+backend = HarborBackend(
+    orchestrator=TrialQueue(n_concurrent=2),
+    tasks_dir=Path(__file__).resolve().parent / "greeting_task",
+    agent={agent!r},
+    agent_prefix={prefix!r},
+    native_agent_kwargs={kwargs!r},
+)
+run_rollout_server(create_rollout_server(backend=backend))
+'''
+TRAIN_CONFIG = """
+[experiment]
+rollout = "greeting"
+entrypoint = "main.py"
+model_path = "local:models/tiny"
+dataset = "greeting"
+
+[training]
+lr = 3e-4
+total_epochs = 1
+n_samples_per_prompt = 2
+rollout_batch_size = 2
+max_prompt_length = {max_prompt}  # the agent's prompt, one token a byte
+max_response_length = 16
+agent_workflow_timeout_s = 180
+grader_timeout_s = 60
+seed = 0
+no_signal_patience = 0
+
+[checkpoints]
+eval_interval = 100
+checkpoint_save_freq = 100
+"""
+ROW = {
+    "system_prompt": "You solve terminal tasks.",
+    "user_prompt": "Write the line 'hello from harbor' to /app/greeting.txt.",
+    "ground_truth": "hello from harbor",
+}
+
+
+TRAINED_AGENTS = [
+    # Two model calls a rollout: the untrained policy never finishes on its own.
+    ("mini-swe-agent", "mini-swe-agent", {"config": {"agent": {"step_limit": 2}}}, 12000),
+    # claude-code is left out: its system prompt and tools are ~76k tokens for the
+    # byte-level tiny model, whose prefill on CPU ran past the 180 s agent timeout here.
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("agent", "program", "kwargs", "max_prompt"), TRAINED_AGENTS, ids=[a[0] for a in TRAINED_AGENTS]
+)
+def test_train_run_steps_through_installed_agent_trials(
+    tmp_path: Path, agent: str, program: str, kwargs: dict[str, Any], max_prompt: int
+):
+    import json
+    import subprocess
+    import sys
+
+    from test_train_harbor import run, trainer_python
+
+    trainer, why = trainer_python()
+    if trainer is None:
+        pytest.skip(why)
+    prefix = agent_prefix(agent, program)
+    workspace = tmp_path / "workspace"
+    rollout = workspace / "rollouts" / "greeting"
+    rollout.mkdir(parents=True)
+    (workspace / ".osmosis").mkdir()
+    shutil.copytree(EXAMPLE_TASKS / "create-file", rollout / "greeting_task")
+    (rollout / "main.py").write_text(
+        ROLLOUT_MAIN.format(agent=agent, prefix=str(prefix), kwargs=kwargs)
+    )
+    (workspace / "data").mkdir()
+    (workspace / "data" / "greeting.jsonl").write_text(
+        "".join(json.dumps(ROW) + "\n" for _ in range(4))
+    )
+    (workspace / "configs" / "training").mkdir(parents=True)
+    (workspace / "configs" / "training" / "agent.toml").write_text(
+        TRAIN_CONFIG.format(max_prompt=max_prompt)
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OPENAI_", "OSMOSIS_", "_OSMOSIS_", "VIRTUAL_ENV"))
+    }
+    env |= {"NO_COLOR": "1", "HOME": str(tmp_path / "home")}
+    built = subprocess.run(
+        [trainer, "-c", "import sys; from osmosis_ai.train.tiny_model import build_tiny_model; "
+         "build_tiny_model(sys.argv[1], max_position_embeddings=int(sys.argv[2]))",
+         str(workspace / "models" / "tiny"), str(max_prompt + 64)],
+        cwd=workspace, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    env["OSMOSIS_ROLLOUT_PYTHON"] = sys.executable
+    started = time.monotonic()
+    done = run(
+        trainer, "-m", "osmosis_ai.cli.main", "--json", "train", "run",
+        "configs/training/agent.toml", "--max-steps", "2", "--eval-rows", "2",
+        "--threads", "1", "--name", agent,
+        cwd=workspace, env=env, timeout=840,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert done.stdout.strip(), done.stderr[-3000:]
+    envelope = json.loads(done.stdout)
+    assert envelope["status"] == "success", envelope
+    resource = envelope["resource"]
+    assert resource["steps_done"] == 2
+    run_dir = Path(resource["output_path"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert record["rollouts"] == 4 and record["failed_rollouts"] == 0
+        assert record["training_reward"] == 0.0  # an untrained policy writes no greeting
+        assert record["response_length"] > 0
+    # Every rollout was a trial of the agent, whose verifier wrote the reward.
+    rollouts = sorted(p for p in (run_dir / "rollouts").iterdir() if p.is_dir())
+    assert len(rollouts) == 12
+    for kept in rollouts:
+        assert (kept / "harbor" / "verifier" / "reward.txt").read_text().strip() == "0"
+        assert (kept / "harbor" / "agent" / f"{agent}.txt").is_file()  # the agent's output
+    print(f"\n2 steps, 12 {agent} trials: {elapsed:.0f}s, {json.dumps(records)}")
