@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,7 @@ class ClaudeCodePlayer:
 
 
 def make_backend(tmp_path: Path, agent: str, prefix: Path, **kwargs: Any) -> Any:
-    from harbor.trial.queue import TrialQueue
+    from harbor.trial.queue import TrialQueue  # pyright: ignore[reportMissingImports]
 
     from osmosis_ai.rollout.backend.harbor import HarborBackend
 
@@ -129,7 +129,7 @@ def make_backend(tmp_path: Path, agent: str, prefix: Path, **kwargs: Any) -> Any
 @contextlib.asynccontextmanager
 async def policy_endpoint(
     responder: Callable[[ChatRequest], ScriptedTurn], rollout_id: str
-) -> AsyncIterator[tuple[PolicyProxy, str]]:
+) -> AsyncGenerator[tuple[PolicyProxy, str]]:
     """The real policy endpoint for one rollout, the scripted model as its upstream."""
     async with contextlib.AsyncExitStack() as stack:
         model = await stack.enter_async_context(ScriptedModelServer(responder=responder))
@@ -156,7 +156,9 @@ async def solve(tmp_path: Path, backend: Any, responder: Any, rollout_id: str) -
         calls = proxy.calls(rollout_id)
     assert outcome.workflow.status == RolloutStatus.SUCCESS, outcome.workflow.err_message
     grader = outcome.grader
-    assert grader is not None and grader.status == RolloutStatus.SUCCESS, grader.err_message
+    assert grader is not None and grader.status == RolloutStatus.SUCCESS, (
+        grader and grader.err_message
+    )
     assert grader.sample is not None and grader.sample.reward == 1.0
     kept = tmp_path / "artifacts" / rollout_id
     assert (kept / "harbor" / "verifier" / "reward.txt").read_text().strip() == "1"

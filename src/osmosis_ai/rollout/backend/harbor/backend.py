@@ -1,13 +1,14 @@
 """``HarborBackend``: each rollout is one Harbor trial, run through a caller-owned
 ``TrialQueue``.
 
-Two agent tracks. A native Harbor agent (``terminus-2``, ``mini-swe-agent``, ``opencode``,
-``oracle``) is wired to the rollout's own model endpoint. An :class:`AgentWorkflow` (with an
-optional :class:`Grader`) runs inside the task environment through the in-environment runner
-of :mod:`osmosis_ai.rollout.container.runner`: the user's code is copied in (``code_dir``,
-by default the folder the workflow's module was imported from, or a prebuilt pure-Python
-wheel, ``bundle``) and put on ``PYTHONPATH``. The grader becomes the verifier when the task
-has no ``tests/test.sh``.
+Two agent tracks. A native Harbor agent (``terminus-2``, ``mini-swe-agent``, ``claude-code``,
+``opencode``, ``oracle``) is wired to the rollout's own model endpoint (``mini-swe-agent`` and
+``claude-code`` optionally run from a host install prefix, see :mod:`.installed`). An
+:class:`AgentWorkflow` (with an optional :class:`Grader`) runs inside the task environment
+through the in-environment runner of :mod:`osmosis_ai.rollout.container.runner`: the user's
+code is copied in (``code_dir``, by default the folder the workflow's module was imported
+from, or a prebuilt pure-Python wheel, ``bundle``) and put on ``PYTHONPATH``. The grader
+becomes the verifier when the task has no ``tests/test.sh``.
 
 The reward is the verifier's ``rewards["reward"]``. After every trial the model API key is
 scrubbed from every file of the trial folder, the trial's logs and artifacts are copied under
