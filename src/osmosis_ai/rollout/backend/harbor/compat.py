@@ -96,7 +96,14 @@ def check_task(task_dir: Path, version: tuple[int, int, int] | None = None) -> N
         config = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
         return
-    installed = version or harbor_version()
+    if version is None:
+        try:
+            version = harbor_version()
+        except importlib.metadata.PackageNotFoundError:
+            # No Harbor here: the backend refuses to start naming the extra
+            # (HarborUnavailableError), which says more than a version check could.
+            return
+    installed = version
     missing = [f for f in FEATURES if installed[:2] < f.since and f.used_by(config)]
     if missing:
         have = ".".join(map(str, installed))
