@@ -459,6 +459,30 @@ async def test_proxy_records_token_ids_and_logprobs(policy: LocalPolicy):
     assert not failed.ok and failed.status_code == 400
 
 
+async def test_messages_count_tokens_uses_the_policys_chat_template(policy: LocalPolicy):
+    """Anthropic's token counting through the proxy counts the prompt a call samples from."""
+    import anthropic
+
+    proxy = PolicyProxy(LocalPolicyUpstream(policy), token="t", request_token_data=True)
+    proxy.register("r1")
+    async with serve_in_task(proxy) as base:
+        client = anthropic.AsyncAnthropic(
+            base_url=proxy.chat_base_url("r1", base), api_key="t", max_retries=0
+        )
+        asked: list[Any] = [
+            {"role": "user", "content": "Copy: 7"},
+            {"role": "assistant", "content": "7"},
+            {"role": "user", "content": "Again: 3"},
+        ]
+        counted = await client.messages.count_tokens(model="m", messages=asked)
+        await client.messages.create(model="m", max_tokens=2, messages=asked)
+    (call,) = proxy.calls("r1")  # the count made no call
+    assert call.prompt_token_ids is not None
+    assert counted.input_tokens == len(call.prompt_token_ids)
+    rendered = policy.encode(policy.render([dict(m) for m in asked]))
+    assert counted.input_tokens == len(rendered)
+
+
 async def test_upstream_maps_bad_requests_and_preflights(policy: LocalPolicy):
     upstream = LocalPolicyUpstream(policy, model="tiny")
     with pytest.raises(UpstreamRequestError) as caught:

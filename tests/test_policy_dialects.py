@@ -16,6 +16,8 @@ import openai
 import pytest
 
 from osmosis_ai.controller import CallRecord, OpenAICompatibleUpstream, PolicyProxy
+from osmosis_ai.controller.dialects import MessagesDialect
+from osmosis_ai.controller.dialects.messages import estimate_tokens
 from osmosis_ai.testing.model_server import ScriptedModelServer, ScriptedTurn, ToolCall
 from osmosis_ai.testing.serving import serve_in_task
 
@@ -390,6 +392,47 @@ async def test_messages_upstream_errors_are_relayed_in_the_anthropic_shape():
         assert [call.status_code for call in await r.calls(2)] == [429, 429]
 
 
+async def test_messages_count_tokens_answers_an_estimate_without_a_model_call():
+    """An OpenAI-compatible upstream has no tokenizer here: the proxy estimates, checks the
+    rollout's key like any call, and records nothing."""
+    async with rig(scripted("ok")) as r:
+        messages: list[Any] = [
+            {"role": "user", "content": "a" * 40},
+            {"role": "assistant", "content": [{"type": "text", "text": "b" * 8}]},
+            {"role": "user", "content": "c" * 3},
+        ]
+        counted = await r.anthropic().messages.count_tokens(
+            model="c", system="s" * 12, messages=messages, tools=[ADD_TOOL_MESSAGES]
+        )
+        chat = MessagesDialect().counting_chat(
+            {"system": "s" * 12, "messages": messages, "tools": [ADD_TOOL_MESSAGES]}
+        )
+        assert counted.input_tokens == estimate_tokens(chat) > 16 + (40 + 8 + 3 + 12) // 4
+        plain = await r.anthropic().messages.count_tokens(
+            model="c", messages=[{"role": "user", "content": "12345678"}]
+        )
+        assert plain.input_tokens == 2 + 4
+        with pytest.raises(anthropic.AuthenticationError):
+            await r.anthropic(key="wrong").messages.count_tokens(model="c", messages=messages)
+        with pytest.raises(anthropic.NotFoundError, match="unknown rollout"):
+            await r.anthropic(rollout="r9").messages.count_tokens(model="c", messages=messages)
+        with pytest.raises(anthropic.BadRequestError, match="web_search"):
+            await r.anthropic().messages.count_tokens(
+                model="c",
+                messages=messages,
+                tools=[{"type": "web_search_20250305", "name": "web_search"}],
+            )
+        async with httpx.AsyncClient(timeout=20) as http:
+            url = r.base() + "/messages/count_tokens"  # without /v1, as for /messages
+            key = {"x-api-key": r.proxy.token}
+            bare = await http.post(url, json={"messages": messages}, headers=key)
+            wrong_method = await http.get(url, headers=key)
+        # 51 characters (4 a token, rounded up) and 3 messages (4 tokens each)
+        assert bare.status_code == 200 and bare.json() == {"input_tokens": 13 + 12}
+        assert wrong_method.status_code == 405 and wrong_method.json()["type"] == "error"
+        assert r.proxy.calls("r1") == [] and r.model.requests == []
+
+
 # -- the scripted model speaks both APIs on its own ---------------------------------------
 
 
@@ -421,6 +464,18 @@ async def test_scripted_model_answers_responses_and_messages_clients_directly():
         assert final.content[0].type == "text" and final.content[0].text == "The sum is 5."
         assert [request.path for request in model.requests] == ["/v1/responses", "/v1/messages"]
         assert model.requests[1].body["max_tokens"] == 64  # recorded as the client sent it
+        # token counting: the fake prompt tokens a call with the same messages reports
+        asked = [{"role": "user", "content": "add please"}]
+        counted = await an.messages.count_tokens(model="m", system="be brief", messages=asked)
+        answered = await an.messages.create(
+            model="m", max_tokens=8, system="be brief", messages=asked
+        )
+        assert counted.input_tokens == answered.usage.input_tokens > 0
+        assert len(model.requests) == 3  # the count is not a model call
+        with pytest.raises(anthropic.AuthenticationError):
+            await anthropic.AsyncAnthropic(
+                base_url=model.url, api_key="wrong", max_retries=0
+            ).messages.count_tokens(model="m", messages=asked)
         with pytest.raises(anthropic.AuthenticationError):
             await anthropic.AsyncAnthropic(
                 base_url=model.url, api_key="wrong", max_retries=0

@@ -6,7 +6,8 @@ SSE, chunk by chunk) and records each call. The same rollout path also serves th
 Responses API (``…/responses``) and the Anthropic Messages API (``…/messages``, or
 ``…/v1/messages`` as Anthropic clients append it): each :class:`Dialect` maps the request
 onto chat completions and the answer back, so every call is sampled and recorded the same
-way. A raw ASGI app: it sits on every model call.
+way. ``…/v1/messages/count_tokens`` counts a Messages request's prompt tokens without a model
+call (nothing is recorded). A raw ASGI app: it sits on every model call.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from urllib.parse import quote, unquote
 from osmosis_ai.controller.asgi import dumps, error_reply, upstream_error_reply
 from osmosis_ai.controller.calls import CallRecord, CallRecorder, build_report
 from osmosis_ai.controller.dialect import Dialect, DialectError
-from osmosis_ai.controller.dialects import DIALECTS
+from osmosis_ai.controller.dialects import DIALECTS, MessagesDialect
+from osmosis_ai.controller.dialects.messages import COUNT_TOKENS, count_answer, estimate_tokens
 from osmosis_ai.controller.errors import UpstreamError
 from osmosis_ai.controller.relay import ask_usage, relay_stream
 from osmosis_ai.controller.upstream import Upstream
@@ -54,6 +56,10 @@ class _Rollout:
 class _Route(NamedTuple):
     rollout: _Rollout
     dialect: Dialect | None  # None: chat completions
+    counting: bool = False  # Messages token counting, not a model call
+
+
+_COUNTING = MessagesDialect()
 
 
 class PolicyProxy:
@@ -65,6 +71,10 @@ class PolicyProxy:
     Streams get ``: keep-alive`` comments after ``keepalive_interval`` seconds without
     upstream data. With ``stream_usage`` a stream asks for its usage chunk; if the caller
     did not, that chunk is recorded, not sent.
+    Token counting asks ``upstream.count_tokens(chat_body)`` (an ``int``, or ``None`` when
+    it cannot count) where the upstream has that method, as the local policy does (its chat
+    template and tokenizer); otherwise, or on ``None``, it answers an estimate
+    (:func:`~osmosis_ai.controller.dialects.messages.estimate_tokens`).
     Serve the app on the event loop the upstream is used on.
     """
 
@@ -167,10 +177,13 @@ class PolicyProxy:
         if not isinstance(route, _Route):
             await send_body(send, *route)
             return
-        rollout, dialect = route
+        rollout, dialect, counting = route
         body = self._request(await read_body(receive, self.max_body_bytes), dialect)
         if isinstance(body, tuple):
             await send_body(send, *body)
+            return
+        if counting:
+            await send_body(send, *await self._count(body))
             return
         asked, body = body, self._translate(body, dialect)
         if isinstance(body, tuple):
@@ -212,10 +225,14 @@ class PolicyProxy:
         dialect: Dialect | None = None
         segment: str | None = None
         allowed = "POST"
+        counting = False
         if rest.endswith(_CHAT):
             segment = rest[: -len(_CHAT)]
         elif rest.endswith(_MODELS):
             segment, allowed = rest[: -len(_MODELS)].removesuffix("/v1"), "GET"
+        elif rest.endswith(COUNT_TOKENS):
+            segment, dialect = rest[: -len(COUNT_TOKENS)].removesuffix("/v1"), _COUNTING
+            counting = True
         else:
             for suffix, candidate in _DIALECT_ROUTES:
                 if rest.endswith(suffix):
@@ -233,7 +250,7 @@ class PolicyProxy:
             return _refusal(dialect, 404, f"unknown rollout {rollout_id!r}", "unknown_rollout")
         if method != allowed:
             return _refusal(dialect, 405, f"method {method} not allowed here; use {allowed}")
-        return self._models if allowed == "GET" else _Route(rollout, dialect)
+        return self._models if allowed == "GET" else _Route(rollout, dialect, counting)
 
     def _request(
         self, raw_body: bytes | None, dialect: Dialect | None
@@ -264,6 +281,22 @@ class PolicyProxy:
             body.setdefault("logprobs", True)
             body.setdefault("return_token_ids", True)
         return body
+
+    async def _count(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        """The answer to a Messages ``count_tokens`` request."""
+        try:
+            chat = _COUNTING.counting_chat(body)
+        except DialectError as exc:
+            return exc.status, _COUNTING.error_body(exc.status, exc.message)
+        counter = getattr(self.upstream, "count_tokens", None)
+        tokens: int | None = None
+        if counter is not None:
+            try:
+                tokens = await counter(chat)
+            except UpstreamError as exc:
+                status, payload = upstream_error_reply(exc)
+                return status, _COUNTING.upstream_error(status, payload)
+        return 200, count_answer(estimate_tokens(chat) if tokens is None else tokens)
 
     def also_accept(self, token: str) -> None:
         """Accept ``token`` as well: the run's callback bearer, which servers of the first

@@ -2,7 +2,8 @@
 
 It speaks OpenAI chat completions, and through the policy endpoint's dialects the OpenAI
 Responses API (``<prefix>/responses``) and the Anthropic Messages API
-(``<prefix>/messages``), so agents that speak only those can be tested against it.
+(``<prefix>/messages``, and its token counting, ``<prefix>/messages/count_tokens``), so
+agents that speak only those can be tested against it.
 Owns :class:`ScriptedModelServer` (a raw ASGI app), routing, auth, request recording and a
 CLI; the turns of a script are in :mod:`osmosis_ai.testing.turns`, and
 :mod:`osmosis_ai.testing.scripted_reply` renders each reply.
@@ -26,7 +27,8 @@ from typing import Any, Literal, cast
 
 from osmosis_ai.controller.asgi import dumps, error_body
 from osmosis_ai.controller.dialect import Dialect, DialectError
-from osmosis_ai.controller.dialects import DIALECTS
+from osmosis_ai.controller.dialects import DIALECTS, MessagesDialect
+from osmosis_ai.controller.dialects.messages import COUNT_TOKENS, count_answer
 from osmosis_ai.errors import OsmosisError, UsageError
 from osmosis_ai.rollout.asgi import (
     SSE_HEADERS,
@@ -37,7 +39,7 @@ from osmosis_ai.rollout.asgi import (
     read_body,
     send_body,
 )
-from osmosis_ai.testing.scripted_reply import ScriptedReply, content_text
+from osmosis_ai.testing.scripted_reply import ScriptedReply, content_text, prompt_tokens
 from osmosis_ai.testing.serving import ServerThread, serve_in_task
 from osmosis_ai.testing.turns import ScriptedTurn, ToolCall
 
@@ -59,6 +61,7 @@ OnExhausted = Literal["repeat_last", "error"]
 _CHAT_SUFFIX = "/chat/completions"
 _MODELS_SUFFIX = "/models"
 _DIALECT_SUFFIXES = {f"/{name}": dialect for name, dialect in DIALECTS.items()}
+_MESSAGES = MessagesDialect()
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -253,6 +256,13 @@ class ScriptedModelServer:
         try:
             if path == "/health":
                 await send_body(send, 200, b'{"status":"ok"}')
+            elif path.endswith(COUNT_TOKENS):  # not a model call: neither counted nor recorded
+                dialect = _MESSAGES
+                _allow(method, "POST")
+                self._check_auth(scope)
+                raw = await read_body(receive)
+                if raw is not None:
+                    await send_body(send, 200, _count_tokens(raw))
             elif path.endswith(_CHAT_SUFFIX) or dialect is not None:
                 self.request_count += 1
                 _allow(method, "POST")
@@ -406,6 +416,15 @@ def _to_chat(dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
         return dialect.to_chat(body)
     except DialectError as exc:
         raise _HTTPError(exc.status, exc.message) from exc
+
+
+def _count_tokens(raw: bytes) -> bytes:
+    """A Messages ``count_tokens`` answer: the fake prompt tokens a call would report."""
+    try:
+        chat = _MESSAGES.counting_chat(_parse_object(raw))
+    except DialectError as exc:
+        raise _HTTPError(exc.status, exc.message) from exc
+    return count_answer(prompt_tokens(_messages_of(chat)))
 
 
 def _messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -165,6 +165,11 @@ def content_text(content: object) -> str:
     return ""
 
 
+def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """How many fake prompt tokens ``messages`` make (what a reply's usage reports)."""
+    return len(_render_prompt(messages).encode())
+
+
 def _render_prompt(messages: list[dict[str, Any]]) -> str:
     parts: list[str] = []
     for message in messages:

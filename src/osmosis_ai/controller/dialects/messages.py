@@ -4,6 +4,11 @@
 (``thinking`` blocks are the model's own and are skipped), client ``tools`` with
 ``input_schema``, ``tool_choice``, ``max_tokens``, ``stop_sequences``, ``temperature``,
 ``top_p`` and ``top_k`` map onto the chat request; server tools are refused by name.
+
+Token counting (``POST /v1/messages/count_tokens``, which Claude Code calls) maps its body
+the same way (:meth:`MessagesDialect.counting_chat`) and answers ``{"input_tokens": N}``:
+the prompt's tokens under the policy's chat template where the upstream has one, else
+:func:`estimate_tokens`.
 """
 
 from __future__ import annotations
@@ -27,9 +32,14 @@ from osmosis_ai.controller.dialect import (
 )
 from osmosis_ai.rollout.asgi import JSON_ENCODER
 
-__all__ = ["MessagesDialect"]
+__all__ = ["COUNT_TOKENS", "MessagesDialect", "count_answer", "estimate_tokens"]
 
 Json = dict[str, Any]
+
+COUNT_TOKENS = "/messages/count_tokens"
+"""The token-counting route's suffix (after the rollout's path, with or without ``/v1``)."""
+CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and code under BPE tokenizers
+MESSAGE_TOKENS = 4  # a message's role and delimiters in a typical chat template
 
 _TEXT = frozenset({"text"})
 _SKIPPED = frozenset({"thinking", "redacted_thinking"})
@@ -120,6 +130,37 @@ class MessagesDialect(Dialect):
 
     def error_body(self, status: int, message: str, code: str | None = None) -> bytes:
         return JSON_ENCODER.encode({"type": "error", "error": _error(status, message)}).encode()
+
+    def counting_chat(self, body: Json) -> Json:
+        """The chat request whose prompt a ``count_tokens`` ``body`` describes (``system``,
+        ``messages``, ``tools``; it carries no ``max_tokens``)."""
+        chat = self.to_chat({**body, "max_tokens": 1, "stream": False})
+        del chat["max_tokens"]
+        return chat
+
+
+def estimate_tokens(chat: Json) -> int:
+    """About how many tokens the prompt of ``chat`` (a chat request) takes, for an upstream
+    with no tokenizer at hand: a token per :data:`CHARS_PER_TOKEN` characters of the
+    messages' text, tool calls and tool definitions, plus :data:`MESSAGE_TOKENS` a message."""
+    characters = 0
+    messages = chat.get("messages") or []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            characters += len(content)
+        elif isinstance(content, list):
+            characters += sum(len(str(part.get("text", ""))) for part in content)
+        if message.get("tool_calls"):
+            characters += len(JSON_ENCODER.encode(message["tool_calls"]))
+    if chat.get("tools"):
+        characters += len(JSON_ENCODER.encode(chat["tools"]))
+    return -(-characters // CHARS_PER_TOKEN) + MESSAGE_TOKENS * len(messages)
+
+
+def count_answer(tokens: int) -> bytes:
+    """The body of a ``count_tokens`` answer."""
+    return JSON_ENCODER.encode({"input_tokens": tokens}).encode()
 
 
 def _error(status: int, message: str) -> Json:

@@ -77,6 +77,21 @@ class LocalPolicyUpstream(AnsweringUpstream):
                 message, status=status, kind=kind, url=self.target, context=context
             ) from exc
 
+    async def count_tokens(self, chat: dict[str, Any]) -> int:
+        """The prompt tokens of chat request ``chat`` under the policy's chat template (as a
+        call would sample from them: with the assistant's turn opener)."""
+        extra = chat.get("chat_template_kwargs")
+        kwargs: dict[str, Any] = dict(extra) if isinstance(extra, dict) else {}
+        try:
+            text = self.policy.render(chat.get("messages") or [], chat.get("tools"), **kwargs)
+            return len(self.policy.encode(text))
+        except UsageError as exc:
+            status, message, kind = failure_answer(exc)
+            context = f"local policy {self.policy.name} cannot count these tokens"
+            raise refused(
+                message, status=status, kind=kind, url=self.target, context=context
+            ) from exc
+
 
 def failure_answer(exc: BaseException) -> tuple[int, str, str]:
     """How a failure of the local policy answers the call: ``(HTTP status, message, OpenAI
