@@ -17,6 +17,7 @@ from osmosis_ai.rollout.backend.harbor.options import (
     HarborUnavailableError,
     TaskMode,
     check_agent_prefix,
+    check_native_agent,
     harbor_available,
 )
 
@@ -85,9 +86,18 @@ def test_max_queue_depth_must_be_a_positive_int(tmp_path, depth):
         )
 
 
-@pytest.mark.parametrize("name", ["nop", "claude-code", "terminus"])
+SUPPORTED_AGENTS = ("terminus-2", "mini-swe-agent", "claude-code", "opencode", "oracle")
+
+
+@pytest.mark.parametrize("name", SUPPORTED_AGENTS)
+def test_the_supported_harbor_agents_pass_the_name_check(name):
+    assert check_native_agent(name) == name
+
+
+@pytest.mark.parametrize("name", ["nop", "claude", "codex", "terminus"])
 def test_other_harbor_agents_are_refused(tmp_path, name):
-    with pytest.raises(ValueError, match=rf"agent='{name}'.*terminus-2, mini-swe-agent"):
+    listed = ", ".join(SUPPORTED_AGENTS)
+    with pytest.raises(ValueError, match=rf"agent='{name}'.*use one of {listed}, or"):
         backend(orchestrator=object(), tasks_dir=make_task(tmp_path), agent=name)
 
 
