@@ -238,6 +238,58 @@ def test_strict_token_chain_fails_a_run_whose_agent_rewrites(workspace: Path):
         run_training(options(workspace, name="strict", max_steps=1, strict_token_chain=True))
 
 
+COUNTING_WORKFLOW = '''
+from osmosis_ai.rollout import AgentWorkflow, AgentWorkflowOutput, LocalBackend
+from osmosis_ai.rollout import get_rollout_context
+from osmosis_ai.rollout.http import post_json
+
+from copy_digit_grader import ExactMatchGrader
+
+
+class CountingWorkflow(AgentWorkflow):
+    """Counts its prompt's tokens the Messages way, then asks: the two must agree."""
+
+    async def run(self, ctx):
+        rollout = get_rollout_context()
+        headers = {"x-api-key": rollout.api_key}
+        messages = list(ctx.prompt)
+        counted = await post_json(
+            f"{rollout.chat_completions_url}/v1/messages/count_tokens",
+            {"model": "m", "messages": messages},
+            headers=headers,
+        )
+        answer = await post_json(
+            f"{rollout.chat_completions_url}/chat/completions",
+            {"model": "m", "messages": messages, "max_tokens": 4},
+            headers=headers,
+        )
+        if counted["input_tokens"] != len(answer["prompt_token_ids"]):
+            raise RuntimeError(f"counted {counted}, sampled from {answer['prompt_token_ids']}")
+        text = answer["choices"][0]["message"].get("content") or ""
+        return AgentWorkflowOutput(messages=[*messages, {"role": "assistant", "content": text}])
+
+
+if __name__ == "__main__":
+    from osmosis_ai.rollout.server import create_rollout_server, run_rollout_server
+
+    backend = LocalBackend(workflow=CountingWorkflow, grader=ExactMatchGrader)
+    app = create_rollout_server(backend=backend, configure_logging=False, save_trajectories=False)
+    run_rollout_server(app, log_level="warning", access_log=False)
+'''
+
+
+def test_messages_token_counting_in_a_run_uses_the_trainers_chat_template(workspace: Path):
+    """The rollout I/O process asks the trainer's policy to count: each rollout checks that
+    its count equals the prompt ids its model call was sampled from (else it fails)."""
+    folder = workspace / "rollouts" / "copy-digit"
+    (folder / "main.py").rename(folder / "copy_digit_grader.py")
+    (folder / "main.py").write_text(COUNTING_WORKFLOW)
+    result = run_training(options(workspace, name="count", max_steps=1))
+    assert result.status == "success"
+    (record,) = metrics(result.run_dir)
+    assert record["rollouts"] == 16 and record["failed_rollouts"] == 0
+
+
 LEARNING_CONFIG = """
 [experiment]
 rollout = "copy-digit"

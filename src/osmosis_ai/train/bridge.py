@@ -381,8 +381,8 @@ class RolloutBridge:
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == "chat":
-            self._chat(message[1], message[2], message[3])
+        if kind in ("chat", "count"):  # the policy answers a model call, or counts tokens
+            (self._chat if kind == "chat" else self._count)(message[1], message[2], message[3])
         elif kind == "callers":
             self.upstream.expect_callers(message[1])
         elif kind == "outcome":
@@ -430,6 +430,26 @@ class RolloutBridge:
             reply(None, exc)
             # Not from this thread: the I/O process may be sending to us at this moment.
             threading.Thread(target=self._send_replies, daemon=True).start()
+
+    def _count(self, call: int, chat: dict[str, Any], chunks: bool) -> None:
+        """Answer with the prompt tokens of ``chat`` under the local policy's chat template
+        (Messages token counting); rendered on this thread, as chat prompts are."""
+        del chunks  # (a count is one answer)
+        policy = self.upstream.local
+        count: int | None = None
+        failure: CallError | None = None
+        try:
+            if policy is None:
+                raise UsageError("no local policy is served to this run")
+            extra = chat.get("chat_template_kwargs")
+            kwargs: dict[str, Any] = dict(extra) if isinstance(extra, dict) else {}
+            count = len(policy.encode(policy.render(chat["messages"], chat.get("tools"), **kwargs)))
+        except Exception as exc:
+            failure = CallError(*failure_answer(exc))
+        with self._lock:
+            self._replies.append(("answer", call, count, failure))
+        # Not from this thread: the I/O process may be sending to us at this moment.
+        threading.Thread(target=self._send_replies, daemon=True).start()
 
     def _send_replies(self) -> None:
         """Send the answers made so far, in one burst (called once per generation batch)."""

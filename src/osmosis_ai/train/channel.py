@@ -19,7 +19,7 @@ Messages, trainer to I/O process:
     ``("close",)``
 I/O process to trainer:
     ``("spawned", pid, port, instance_id)``, ``("started", generation, port)``,
-    ``("chat", call, body, chunks)``, ``("callers", count)``,
+    ``("chat", call, body, chunks)``, ``("count", call, body, False)``, ``("callers", count)``,
     ``("outcome", batch, index, outcome)``, ``("done", batch)``,
     ``("failed", batch, message)``, ``("abandoned", batch)``, ``("fatal", message, error or None)``,
     ``("fleet", event, name, detail)`` (a fleet server ``joined``, ``left`` or ``died``)

@@ -54,7 +54,13 @@ class TrainerPolicy(AnsweringUpstream):
         self._io = io
 
     async def answer(self, body: dict[str, Any], *, chunks: bool) -> Any:
-        answer, error = await self._io.ask(body, chunks)
+        return self._answered(*await self._io.ask(body, chunks))
+
+    async def count_tokens(self, chat: dict[str, Any]) -> int:
+        """The prompt tokens of chat request ``chat`` under the policy's chat template."""
+        return int(self._answered(*await self._io.ask(chat, False, kind="count")))
+
+    def _answered(self, answer: Any, error: CallError | None) -> Any:
         if error is not None:
             raise refused(
                 error.message,
@@ -100,6 +106,11 @@ class RunSampling:
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         async for payload in self.inner.stream(self.impose(body)):
             yield payload
+
+    async def count_tokens(self, chat: dict[str, Any]) -> int | None:
+        """The inner upstream's count, where it can count (``None``: it cannot)."""
+        counter = getattr(self.inner, "count_tokens", None)
+        return None if counter is None else await counter(chat)
 
     async def preflight(self) -> Preflight:
         return await self.inner.preflight()
@@ -214,15 +225,18 @@ class RolloutIO:
         except OSError:
             self._done.set()
 
-    async def ask(self, body: dict[str, Any], chunks: bool) -> tuple[Any, CallError | None]:
-        """Have the trainer's policy answer ``body``; ``(answer, None)`` or ``(None, why)``."""
+    async def ask(
+        self, body: dict[str, Any], chunks: bool, *, kind: str = "chat"
+    ) -> tuple[Any, CallError | None]:
+        """Have the trainer's policy answer ``body`` (``kind`` ``count``: count its prompt's
+        tokens); ``(answer, None)`` or ``(None, why)``."""
         call = next(self._ids)
         future: asyncio.Future[tuple[Any, CallError | None]] = (
             asyncio.get_running_loop().create_future()
         )
         self._calls[call] = future
         try:
-            self._send("chat", call, body, chunks)
+            self._send(kind, call, body, chunks)
             return await future
         finally:
             self._calls.pop(call, None)
