@@ -60,6 +60,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "failed_rollouts",
             "groups_without_signal",
             "steps_without_signal",
+            "token_segments",
             "chain_breaks",
             "dropped_calls",
             "policy_batches",

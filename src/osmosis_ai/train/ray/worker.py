@@ -64,6 +64,7 @@ _SUMMED = (
     "failed",
     "groups",
     "groups_without_signal",
+    "token_segments",
     "chain_breaks",
     "dropped_calls",
     "truncated",
