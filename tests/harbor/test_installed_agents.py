@@ -16,6 +16,7 @@ reward reaches the trainer.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -60,6 +61,13 @@ def tool_names(request: ChatRequest) -> set[str]:
     }
 
 
+def request_size(request: ChatRequest) -> int:
+    """Characters of a request's messages and tool schemas (printed for the figures)."""
+    size = len(json.dumps(request.messages)) + len(json.dumps(request.body.get("tools") or []))
+    print(f"\nrequest {request.turn}: {size} characters, tools {sorted(tool_names(request))}")
+    return size
+
+
 class MiniSwePlayer:
     """Plays the model for mini-swe-agent: the solution as a shell command, then its
     completion marker (as a ``bash`` tool call when it offers tools, else a fenced block)."""
@@ -86,12 +94,14 @@ class ClaudeCodePlayer:
     def __init__(self) -> None:
         self.agent_turns = 0
         self.side_calls = 0
+        self.agent_requests: list[ChatRequest] = []
 
     def __call__(self, request: ChatRequest) -> ScriptedTurn:
         if "Bash" not in tool_names(request):
             self.side_calls += 1
             return ScriptedTurn(content="Greeting file")
         self.agent_turns += 1
+        self.agent_requests.append(request)
         last = request.messages[-1]
         if last.get("role") == "tool":
             return ScriptedTurn(content="I wrote the greeting to /app/greeting.txt.")
@@ -205,7 +215,32 @@ async def test_claude_code_from_a_host_prefix_solves_a_shipped_task(tmp_path: Pa
     player = ClaudeCodePlayer()
     calls = await solve(tmp_path, backend, player, "claude-1")
     assert player.agent_turns == 2
+    assert request_size(player.agent_requests[0]) > 50000  # Claude Code's own prompt and tools
     assert len(calls) == player.agent_turns + player.side_calls
+
+
+COMPACT_CLAUDE_CODE = {
+    "tools": "Bash,Write",
+    "system_prompt": "You solve terminal tasks in /app. Use the Bash tool; reply briefly.",
+}
+"""Claude Code's own ``--tools`` and ``--system-prompt``: a prompt a small policy can take."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_claude_code_sends_only_the_tools_and_system_prompt_it_is_given(tmp_path: Path):
+    prefix = agent_prefix("claude-code", "claude")
+    backend = make_backend(tmp_path, "claude-code", prefix, native_agent_kwargs=COMPACT_CLAUDE_CODE)
+    player = ClaudeCodePlayer()
+    await solve(tmp_path, backend, player, "claude-compact-1")
+    assert player.agent_turns == 2
+    for request in player.agent_requests:
+        assert tool_names(request) == {"Bash", "Write"}
+        system = content_text(request.messages[0].get("content"))
+        assert request.messages[0].get("role") == "system"
+        assert system.endswith(COMPACT_CLAUDE_CODE["system_prompt"])
+        # The whole request (messages and tool schemas) is a few kB, not Claude Code's ~75 kB.
+        assert request_size(request) < 6000
 
 
 async def test_an_agent_prefix_without_the_program_fails_the_trial_naming_it(tmp_path: Path):
@@ -261,7 +296,7 @@ total_epochs = 1
 n_samples_per_prompt = 2
 rollout_batch_size = 2
 max_prompt_length = {max_prompt}  # the agent's prompt, one token a byte
-max_response_length = 16
+max_response_length = {max_response}
 agent_workflow_timeout_s = 180
 grader_timeout_s = 60
 seed = 0
@@ -280,19 +315,30 @@ ROW = {
 
 TRAINED_AGENTS = [
     # Two model calls a rollout: the untrained policy never finishes on its own.
-    ("mini-swe-agent", "mini-swe-agent", {"config": {"agent": {"step_limit": 2}}}, 12000),
-    # claude-code is left out: its system prompt and tools are ~76k tokens for the
-    # byte-level tiny model, whose prefill on CPU ran past the 180 s agent timeout here.
+    ("mini-swe-agent", "mini-swe-agent", {"config": {"agent": {"step_limit": 2}}}, 12000, 16),
+    # With its default system prompt and tools claude-code sends ~76k tokens to the
+    # byte-level tiny model (a prefill past the agent timeout on CPU): it is trained with
+    # only Bash and Write offered and a one-line system prompt, its own options. A reply cut
+    # at the response limit ends Claude Code with an error (it reads stop_reason max_tokens
+    # as its own limit), so the untrained policy gets room to end its reply.
+    ("claude-code", "claude", COMPACT_CLAUDE_CODE, 8000, 256),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
-    ("agent", "program", "kwargs", "max_prompt"), TRAINED_AGENTS, ids=[a[0] for a in TRAINED_AGENTS]
+    ("agent", "program", "kwargs", "max_prompt", "max_response"),
+    TRAINED_AGENTS,
+    ids=[a[0] for a in TRAINED_AGENTS],
 )
 def test_train_run_steps_through_installed_agent_trials(
-    tmp_path: Path, agent: str, program: str, kwargs: dict[str, Any], max_prompt: int
+    tmp_path: Path,
+    agent: str,
+    program: str,
+    kwargs: dict[str, Any],
+    max_prompt: int,
+    max_response: int,
 ):
     import json
     import subprocess
@@ -318,7 +364,7 @@ def test_train_run_steps_through_installed_agent_trials(
     )
     (workspace / "configs" / "training").mkdir(parents=True)
     (workspace / "configs" / "training" / "agent.toml").write_text(
-        TRAIN_CONFIG.format(max_prompt=max_prompt)
+        TRAIN_CONFIG.format(max_prompt=max_prompt, max_response=max_response)
     )
     env = {
         k: v
@@ -329,7 +375,7 @@ def test_train_run_steps_through_installed_agent_trials(
     built = subprocess.run(
         [trainer, "-c", "import sys; from osmosis_ai.train.tiny_model import build_tiny_model; "
          "build_tiny_model(sys.argv[1], max_position_embeddings=int(sys.argv[2]))",
-         str(workspace / "models" / "tiny"), str(max_prompt + 64)],
+         str(workspace / "models" / "tiny"), str(max_prompt + max_response + 64)],
         cwd=workspace, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr

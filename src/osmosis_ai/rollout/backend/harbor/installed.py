@@ -82,10 +82,30 @@ class PrefixMiniSweAgent(_FromHostPrefix, MiniSweAgent):
 
 
 class PrefixClaudeCode(_FromHostPrefix, ClaudeCode):
-    """Harbor's ``claude-code``, run from a host ``npm install --prefix``."""
+    """Harbor's ``claude-code``, run from a host ``npm install --prefix``.
+
+    Two of Claude Code's own options, which Harbor's class does not pass, may be given as
+    kwargs: ``tools`` (``--tools``: the built-in tools offered to the model, e.g.
+    ``"Bash,Write"``) and ``system_prompt`` (``--system-prompt``: replaces the default
+    system prompt). Unset, the command line is Harbor's.
+    """
 
     agent_name = "claude-code"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        tools: str | None = None,
+        system_prompt: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._take_prefix(kwargs)
+        self._own_flags = [
+            f"{flag} {shlex.quote(value)}"
+            for flag, value in (("--tools", tools), ("--system-prompt", system_prompt))
+            if value is not None
+        ]
         super().__init__(*args, **kwargs)
+
+    def build_cli_flags(self) -> str:
+        return " ".join(filter(None, [super().build_cli_flags(), *self._own_flags]))
