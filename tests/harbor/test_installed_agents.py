@@ -261,7 +261,7 @@ async def test_an_agent_prefix_without_the_program_fails_the_trial_naming_it(tmp
     assert f"no mini-swe-agent under {empty}" in (outcome.workflow.err_message or "")
 
 
-# -- a training run whose rollouts are mini-swe-agent trials ----------------------------
+# -- a training run whose rollouts are installed-agent trials ------------------------
 
 ROLLOUT_MAIN = '''
 """Each rollout is a Harbor trial of the greeting task, run by one of Harbor's installed
