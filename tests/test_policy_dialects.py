@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +17,10 @@ import openai
 import pytest
 
 from osmosis_ai.controller import CallRecord, OpenAICompatibleUpstream, PolicyProxy
-from osmosis_ai.controller.dialects import MessagesDialect
+from osmosis_ai.controller.dialects import DIALECTS, MessagesDialect
 from osmosis_ai.controller.dialects.messages import estimate_tokens
 from osmosis_ai.testing.model_server import ScriptedModelServer, ScriptedTurn, ToolCall
+from osmosis_ai.testing.scripted_reply import ScriptedReply
 from osmosis_ai.testing.serving import serve_in_task
 
 POLICY = "policy-model"
@@ -693,3 +695,45 @@ async def test_a_stream_that_breaks_ends_with_the_apis_own_error_event():
     assert events[-1][1]["error"]["type"] == "api_error"
     assert "mid-stream" in events[-1][1]["error"]["message"]
     assert [call.status_code for call in proxy.calls("r1")] == [502, 502]
+
+
+STREAM_REQUESTS = {
+    "responses": {"model": "m", "input": "hi", "tools": [ADD_TOOL_RESPONSES], "stream": True},
+    "messages": {
+        "model": "m",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [ADD_TOOL_MESSAGES],
+        "stream": True,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(STREAM_REQUESTS))
+def test_a_batch_of_chunks_is_written_as_its_chunks_one_by_one_would_be(name: str):
+    dialect = DIALECTS[name]
+    asked = STREAM_REQUESTS[name]
+    chat = dialect.to_chat(asked)
+    turn = ScriptedTurn(
+        content='Adding "é" \U0001f600 and\n', tool_calls=[ToolCall("add", {"a": 2, "b": 3})]
+    )
+    chunks = ScriptedReply(chat, chat["messages"], turn, 1).chunks()
+    assert len(chunks) > 5
+    one_by_one = dialect.writer(asked)
+    together = dialect.writer(asked)
+    single = b"".join(one_by_one.feed(chunk) for chunk in chunks) + one_by_one.end()
+    batched = together.feed_all(chunks[:2]) + together.feed_all(chunks[2:]) + together.end()
+
+    def fixed(events: bytes) -> str:  # the random ids and the clock
+        text = re.sub(r"\b(resp|msg|fc|call)_[0-9a-f]{24}\b", r"\1_id", events.decode())
+        return re.sub(r'"created_at":\d+', '"created_at":0', text)
+
+    assert fixed(batched) == fixed(single)
+    events = named_events(single.decode())
+    assert len(events) == single.count(b"\n\n") > len(chunks)
+    if name == "responses":
+        assert [event["sequence_number"] for _, event in events] == list(range(len(events)))
+        assert events[-1][0] == "response.completed"
+        assert events[-1][1]["response"]["tools"] == [ADD_TOOL_RESPONSES]
+    else:
+        assert events[-1][0] == "message_stop"

@@ -57,6 +57,11 @@ class StreamWriter(ABC):
     def feed(self, chunk: Json) -> bytes:
         """The events for one ``chat.completion.chunk`` (often none)."""
 
+    def feed_all(self, chunks: list[Json]) -> bytes:
+        """The events for chunks that arrived together, in one piece: what :meth:`feed`
+        gives for each in turn, joined."""
+        return b"".join([self.feed(chunk) for chunk in chunks])
+
     @abstractmethod
     def end(self) -> bytes:
         """The closing events once the chat stream ended."""
@@ -195,16 +200,16 @@ class ChunkReader:
         if model.__class__ is str:
             self.model = model
         usage = chunk.get("usage")
-        if usage and isinstance(usage, dict):
+        if usage and usage.__class__ is dict:
             self.usage = usage
         for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            if choice.__class__ is not dict or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
             if delta:
                 text = delta.get("content")
                 if text:
-                    writer.on_text(str(text))
+                    writer.on_text(text if text.__class__ is str else str(text))
                 calls = delta.get("tool_calls")
                 if calls:
                     self._calls(calls, writer)

@@ -151,7 +151,8 @@ def _failed(
 
 class _Rewrite:
     """Feeds a stream's chat payloads to a :class:`StreamWriter`, each batch that arrived
-    together parsed at once, and keeps what it parsed for the recorder."""
+    together parsed at once and written in one piece, and keeps what it parsed for the
+    recorder."""
 
     __slots__ = ("decoded", "pending", "writer")
 
@@ -164,12 +165,15 @@ class _Rewrite:
         if not self.pending:
             return
         batch, self.pending = self.pending, []
-        for raw, chunk in zip(batch, _parse_all(batch), strict=True):
-            self.decoded.append((raw, chunk))
-            if isinstance(chunk, dict) and "error" not in chunk:
-                events = self.writer.feed(chunk)
-                if events:
-                    out.append(events)
+        parsed = _parse_all(batch)
+        self.decoded.extend(zip(batch, parsed, strict=True))
+        chunks: list[dict[str, Any]] = [
+            c for c in parsed if isinstance(c, dict) and "error" not in c
+        ]
+        if chunks:
+            events = self.writer.feed_all(chunks)
+            if events:
+                out.append(events)
 
 
 def _parse_all(payloads: list[bytes]) -> list[object]:

@@ -51,6 +51,16 @@ _STOP_REASONS = {
     "content_filter": "refusal",
 }
 _BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
+_MESSAGE_START = (
+    b"event: message_start\ndata: "
+    b'{"message":{"id":"%s","type":"message","role":"assistant","model":%s,"content":[],'
+    b'"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}},'
+    b'"type":"message_start"}\n\n'
+)
+_TEXT_START = (
+    b"event: content_block_start\ndata: "
+    b'{"index":%d,"content_block":{"type":"text","text":""},"type":"content_block_start"}\n\n'
+)
 _MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 _TEXT_DELTA = (
     b"event: content_block_delta\ndata: "
@@ -285,28 +295,28 @@ class _MessagesWriter(StreamWriter, ChunkSink):
         if self._started:
             return
         self._started = True
-        message = {
-            "id": fresh_id("msg"),
-            "type": "message",
-            "role": "assistant",
-            "model": model or self.body.get("model") or "",
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
-        }
-        self._emit("message_start", message=message)
+        model = JSON_ENCODER.encode(model or self.body.get("model") or "").encode()
+        self._out.append(_MESSAGE_START % (fresh_id("msg").encode(), model))
 
     def feed(self, chunk: Json) -> bytes:
-        self._start(chunk.get("model"))
-        self._reader.read(chunk, self)
+        return self.feed_all([chunk])
+
+    def feed_all(self, chunks: list[Json]) -> bytes:
+        self._start(chunks[0].get("model"))
+        read = self._reader.read
+        for chunk in chunks:
+            read(chunk, self)
         return self._flush()
 
-    def _block(self, block: Json) -> int:
+    def _block(self, block: Json | None) -> int:
+        """Start a content block: ``block``, or an empty text block when ``None``."""
         index = self._blocks
         self._blocks += 1
         self._open.append(index)
-        self._emit("content_block_start", index=index, content_block=block)
+        if block is None:
+            self._out.append(_TEXT_START % index)
+        else:
+            self._emit("content_block_start", index=index, content_block=block)
         return index
 
     def _stop_blocks(self) -> None:
@@ -318,7 +328,7 @@ class _MessagesWriter(StreamWriter, ChunkSink):
     def on_text(self, text: str) -> None:
         if self._text is None:
             self._stop_blocks()
-            self._text = self._block({"type": "text", "text": ""})
+            self._text = self._block(None)
         self._out.append(_TEXT_DELTA % (self._text, quoted(text)))  # by hand: on every token
 
     def on_call(self, position: int, call_id: str, name: str) -> None:

@@ -37,6 +37,7 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 _COPIED = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "seed")
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 _SNAPSHOT = b'event: %s\ndata: {"type":"%s","sequence_number":%d,"response":%s}\n\n'
+_FINAL = b'event: %s\ndata: {"response":%s,"type":"%s","sequence_number":%d}\n\n'
 _TEXT_DONE = (
     b"event: response.output_text.done\ndata: "
     b'{"type":"response.output_text.done","sequence_number":%d,"item_id":"%s",'
@@ -48,10 +49,20 @@ _PART_DONE = (
     b'"output_index":%d,"content_index":0,'
     b'"part":{"type":"output_text","text":%s,"annotations":[]}}\n\n'
 )
-_TEXT_DELTA = (
+_TEXT_DELTA = (  # %%d: the sequence number, %%s: the delta (filled on each token)
     b"event: response.output_text.delta\ndata: "
-    b'{"type":"response.output_text.delta","sequence_number":%d,"item_id":"%s",'
-    b'"output_index":%d,"content_index":0,"delta":%s,"logprobs":[]}\n\n'
+    b'{"type":"response.output_text.delta","sequence_number":%%d,"item_id":"%s",'
+    b'"output_index":%d,"content_index":0,"delta":%%s,"logprobs":[]}\n\n'
+)
+_TEXT_ADDED = (
+    b"event: response.output_item.added\ndata: "
+    b'{"output_index":%d,"item":{"id":"%s","type":"message","role":"assistant",'
+    b'"status":"in_progress","content":[]},"type":"response.output_item.added",'
+    b'"sequence_number":%d}\n\n'
+    b"event: response.content_part.added\ndata: "
+    b'{"item_id":"%s","output_index":%d,"content_index":0,'
+    b'"part":{"type":"output_text","text":"","annotations":[]},'
+    b'"type":"response.content_part.added","sequence_number":%d}\n\n'
 )
 _ARGUMENTS_DELTA = (
     b"event: response.function_call_arguments.delta\ndata: "
@@ -100,15 +111,17 @@ class ResponsesDialect(Dialect):
             output.append(_message_item(fresh_id("msg"), str(content), "completed"))
         for call_id, name, arguments in tool_calls_of(message):
             output.append(_call_item(fresh_id("fc"), call_id, name, arguments, "completed"))
-        return _response(
+        answer = _response_head(
             body,
             response_id=fresh_id("resp"),
             created=int(time.time()),
             model=completion.get("model"),
             output=output,
             finish_reason=choice.get("finish_reason"),
-            usage=completion.get("usage"),
         )
+        answer.update(_request_fields(body))
+        answer["usage"] = _usage(completion.get("usage"))
+        return answer
 
     def writer(self, body: Json) -> StreamWriter:
         return _ResponsesWriter(self, body)
@@ -236,7 +249,7 @@ def _usage(raw: object) -> Json | None:
     }
 
 
-def _response(
+def _response_head(
     body: Json,
     *,
     response_id: str,
@@ -244,9 +257,9 @@ def _response(
     model: object,
     output: list[Json],
     finish_reason: object,
-    usage: object,
     status: str | None = None,
 ) -> Json:
+    """The fields of a response before those echoing the request (then comes the usage)."""
     if status is None:
         status = "incomplete" if finish_reason == "length" else "completed"
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
@@ -259,6 +272,12 @@ def _response(
         "output": output,
         "error": None,
         "incomplete_details": incomplete,
+    }
+
+
+def _request_fields(body: Json) -> Json:
+    """The fields of a response that echo its request, between the head and the usage."""
+    return {
         "instructions": body.get("instructions"),
         "max_output_tokens": body.get("max_output_tokens"),
         "metadata": body.get("metadata") or {},
@@ -268,7 +287,6 @@ def _response(
         "tool_choice": body.get("tool_choice", "auto"),
         "tools": body.get("tools") or [],
         "text": body.get("text") or {"format": {"type": "text"}},
-        "usage": _usage(usage),
     }
 
 
@@ -284,9 +302,11 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
         self._output: list[Json] = []
         self._reader = ChunkReader()
         self._text: Json | None = None  # the open message item
+        self._delta = b""  # its delta event, to fill with the sequence number and text
         self._texts: list[str] = []
         self._calls: dict[int, tuple[Json, list[str]]] = {}  # open function calls
         self._started = False
+        self._request = b""  # the encoded fields that echo the request
 
     def _emit(self, kind: str, **fields: Any) -> None:
         fields["type"] = kind
@@ -294,18 +314,24 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
         self._sequence += 1
         self._out.append(sse_event(kind, fields))
 
-    def _snapshot(self, status: str | None = None) -> Json:
+    def _snapshot(self, status: str | None = None) -> tuple[bytes, str]:
+        """The response so far, encoded, and its status. The fields echoing the request
+        (its tools among them) are encoded once a stream."""
         reader = self._reader
-        return _response(
+        head = _response_head(
             self.body,
             response_id=self._id,
             created=self._created,
             model=reader.model,
-            output=list(self._output),
+            output=self._output,
             finish_reason=reader.finish_reason,
-            usage=reader.usage,
             status=status,
         )
+        if not self._request:
+            self._request = JSON_ENCODER.encode(_request_fields(self.body)).encode()[1:-1]
+        usage = JSON_ENCODER.encode(_usage(reader.usage)).encode()
+        encoded = JSON_ENCODER.encode(head).encode()[:-1]
+        return b'%s,%s,"usage":%s}' % (encoded, self._request, usage), head["status"]
 
     def _flush(self) -> bytes:
         out, self._out = self._out, []
@@ -314,41 +340,42 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
     def _start(self) -> None:
         if not self._started:
             self._started = True
-            snapshot = JSON_ENCODER.encode(self._snapshot("in_progress")).encode()
+            snapshot = self._snapshot("in_progress")[0]
             for kind in (b"response.created", b"response.in_progress"):  # one encoding
                 self._out.append(_SNAPSHOT % (kind, kind, self._sequence, snapshot))
                 self._sequence += 1
 
     def feed(self, chunk: Json) -> bytes:
-        if not self._started and isinstance(chunk.get("model"), str):
-            self._reader.model = chunk["model"]
+        return self.feed_all([chunk])
+
+    def feed_all(self, chunks: list[Json]) -> bytes:
+        if not self._started and isinstance(chunks[0].get("model"), str):
+            self._reader.model = chunks[0]["model"]
         self._start()
-        self._reader.read(chunk, self)
+        read = self._reader.read
+        for chunk in chunks:
+            read(chunk, self)
         return self._flush()
 
     def on_text(self, text: str) -> None:
-        item = self._text
-        if item is None:
-            item = self._text = _message_item(fresh_id("msg"), "", "in_progress")
-            item["content"] = []
-            self._texts = []
-            self._output.append(item)
-            index = len(self._output) - 1
-            self._emit("response.output_item.added", output_index=index, item=item)
-            part = {"type": "output_text", "text": "", "annotations": []}
-            self._emit(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=part,
-            )
+        if self._text is None:
+            self._open_text()
         self._texts.append(text)
-        # the event on every token, written by hand: the generic encoder costs more
-        self._out.append(
-            _TEXT_DELTA % (self._sequence, item["id"].encode(), len(self._output) - 1, quoted(text))
-        )
+        # the event on every token, from its template: the generic encoder costs more
+        self._out.append(self._delta % (self._sequence, quoted(text)))
         self._sequence += 1
+
+    def _open_text(self) -> None:
+        item = self._text = _message_item(fresh_id("msg"), "", "in_progress")
+        item["content"] = []
+        self._texts = []
+        self._output.append(item)
+        index = len(self._output) - 1
+        key = item["id"].encode()
+        sequence = self._sequence
+        self._out.append(_TEXT_ADDED % (index, key, sequence, key, index, sequence + 1))
+        self._sequence += 2
+        self._delta = _TEXT_DELTA % (key, index)
 
     def _close_text(self) -> None:
         item, self._text = self._text, None
@@ -402,8 +429,10 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
             item.update(arguments=arguments, status="completed")
             self._emit("response.output_item.done", output_index=index, item=item)
         self._calls = {}
-        response = self._snapshot()
-        self._emit(f"response.{response['status']}", response=response)
+        response, status = self._snapshot()
+        kind = b"response." + status.encode()
+        self._out.append(_FINAL % (kind, response, kind, self._sequence))
+        self._sequence += 1
         return self._flush()
 
     def error(self, status: int, message: str) -> bytes:
