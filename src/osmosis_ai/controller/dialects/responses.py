@@ -49,6 +49,12 @@ _PART_DONE = (
     b'"output_index":%d,"content_index":0,'
     b'"part":{"type":"output_text","text":%s,"annotations":[]}}\n\n'
 )
+_TEXT_ITEM_DONE = (
+    b"event: response.output_item.done\ndata: "
+    b'{"output_index":%d,"item":{"id":"%s","type":"message","role":"assistant",'
+    b'"status":"completed","content":[{"type":"output_text","text":%s,"annotations":[]}]},'
+    b'"type":"response.output_item.done","sequence_number":%d}\n\n'
+)
 _TEXT_DELTA = (  # %%d: the sequence number, %%s: the delta (filled on each token)
     b"event: response.output_text.delta\ndata: "
     b'{"type":"response.output_text.delta","sequence_number":%%d,"item_id":"%s",'
@@ -384,12 +390,13 @@ class _ResponsesWriter(StreamWriter, ChunkSink):
         index = self._output.index(item)
         text = "".join(self._texts)
         part = {"type": "output_text", "text": text, "annotations": []}
-        fields = (item["id"].encode(), index, quoted(text))
-        self._out.append(_TEXT_DONE % (self._sequence, *fields))
-        self._out.append(_PART_DONE % (self._sequence + 1, *fields))
-        self._sequence += 2
+        key, encoded = item["id"].encode(), quoted(text)
+        sequence = self._sequence
+        self._out.append(_TEXT_DONE % (sequence, key, index, encoded))
+        self._out.append(_PART_DONE % (sequence + 1, key, index, encoded))
+        self._out.append(_TEXT_ITEM_DONE % (index, key, encoded, sequence + 2))
+        self._sequence += 3
         item.update(status="completed", content=[part])
-        self._emit("response.output_item.done", output_index=index, item=item)
 
     def on_call(self, position: int, call_id: str, name: str) -> None:
         if position in self._calls:
