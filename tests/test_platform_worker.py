@@ -412,6 +412,20 @@ def test_a_slot_freed_by_a_run_that_exits_after_closing_its_output_takes_the_nex
     assert stop_worker(worker) == 0
 
 
+def _standby_pids(parent) -> list[int]:
+    """Live ``--standby`` processes below ``parent`` (one that exits while listed is not)."""
+    import psutil
+
+    pids = []
+    for child in parent.children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "--standby" in child.cmdline():
+                pids.append(child.pid)
+        except psutil.Error:  # gone, or a zombie, between the listing and the read
+            continue
+    return pids
+
+
 def test_a_claimed_run_goes_to_the_standby_process_started_ahead_of_it(platform):
     import psutil
 
@@ -419,11 +433,7 @@ def test_a_claimed_run_goes_to_the_standby_process_started_ahead_of_it(platform)
     deadline = time.monotonic() + WAIT_S
     standby: list[int] = []
     while not standby:
-        standby = [
-            child.pid
-            for child in psutil.Process(worker.pid).children()
-            if "--standby" in child.cmdline()
-        ]
+        standby = _standby_pids(psutil.Process(worker.pid))
         assert time.monotonic() < deadline, "the worker started no standby process"
         time.sleep(0.05)
     run_id = platform.submit("finish")
@@ -434,7 +444,7 @@ def test_a_claimed_run_goes_to_the_standby_process_started_ahead_of_it(platform)
     platform.wait_status(second, "finished")
     assert f"(pid {standby[0]}," not in platform.log_text(second)
     assert stop_worker(worker) == 0
-    assert not [c for c in psutil.Process().children(recursive=True) if "--standby" in c.cmdline()]
+    assert not _standby_pids(psutil.Process())
 
 
 def test_stopping_a_run_ends_it_stopped_and_leaves_no_process(platform):
