@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from osmosis_ai.procs import pid_alive
 from osmosis_ai.rollout.agent_workflow import AgentWorkflow
 from osmosis_ai.rollout.backend.base import ExecutionBackend, ResultCallback
 from osmosis_ai.rollout.backend.harbor.options import (
@@ -1071,18 +1072,8 @@ def _remove_orphan_stages(stages: Path) -> None:
         match = _STAGE_NAME.match(entry.name)
         if match is None or int(match.group(1)) == os.getpid():
             continue
-        if not _process_alive(int(match.group(1))):
+        if not pid_alive(int(match.group(1))):
             remove_tree(entry)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _default_environment() -> Any:
