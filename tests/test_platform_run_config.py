@@ -20,6 +20,7 @@ from osmosis_ai.workspace import (
     load_eval_config,
     load_training_config,
 )
+from osmosis_ai.workspace.config import parse_training_config
 from osmosis_ai.workspace.sections import ADVANCED_TRAINING_KEYS
 from platform_support import git, write_files
 from test_platform_runs import REPO, Team, eval_body, submit, training_body
@@ -45,6 +46,9 @@ REFUSED = [
     ("training", "advanced", "seed", "-1", -1),
     ("training", "advanced", "lr_warmup_steps", "-1", -1),
     ("training", "advanced", "no_signal_patience", "-1", -1),
+    ("training", "advanced", "max_staleness", "-1", -1),
+    ("training", "advanced", "max_staleness", "0.5", 0.5),
+    ("training", "advanced", "importance_ratio_cap", "0.9", 0.9),
     ("training", "advanced", "loss_type", '"ppo"', "ppo"),
     ("training", "advanced", "kl_coef", "-0.5", -0.5),
     ("training", "advanced", "report_to", '["stdout"]', ["stdout"]),
@@ -185,3 +189,33 @@ async def test_a_null_leaves_a_trainer_setting_unset_and_passes_elsewhere(team):
     stored = answer.json()["advanced_config"]
     assert stored == {"lora": {"enabled": True}, "free": {"x": None}}
     assert json.dumps(stored)  # what a worker builds the run's config from
+
+
+async def test_asynchronous_training_settings_round_trip_to_the_worker(team, ws):
+    """Submitted under [advanced], kept as given, and read back by the worker's parse (the
+    one ``train_job`` builds the run's config with) as the local loader reads them."""
+    advanced = {"max_staleness": 2, "importance_ratio_cap": 1.5}
+    created = await submit(team, "training", body_with("training", "advanced", advanced))
+    answer = await team.call("GET", f"/api/cli/training-runs/{created['id']}", repo=REPO)
+    assert answer.status_code == 200, answer.text
+    stored = answer.json()["advanced_config"]
+    assert stored == advanced
+    experiment = {
+        "rollout": "demo",
+        "entrypoint": "main.py",
+        "model_path": "Qwen/Qwen3-0.6B",
+        "dataset": "multiply",
+    }
+    tables = {"experiment": experiment, "advanced": json.loads(json.dumps(stored))}
+    path = ws.configs_dir / "training" / ".platform-run.toml"
+    worker = parse_training_config(tables, path=path, workspace=ws).training
+    local = load(ws, "training", "[advanced]\nmax_staleness = 2\nimportance_ratio_cap = 1.5\n")
+    assert (worker.max_staleness, worker.importance_ratio_cap) == (2, 1.5)
+    assert worker == local.training
+
+
+async def test_asynchronous_training_settings_in_training_config_point_at_advanced(team):
+    body = body_with("training", "training", {"max_staleness": 1})
+    found = await platform_issues(team, "training", body)
+    assert list(found) == ["training_config.max_staleness"]
+    assert "set it under [advanced]" in found["training_config.max_staleness"]

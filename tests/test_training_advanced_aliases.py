@@ -226,3 +226,37 @@ def test_our_submit_sends_our_own_settings_under_advanced_so_the_platform_takes_
     sections = {k.removesuffix("_config"): v for k, v in body.items() if k != "experiment_config"}
     checked = submit(**sections)  # the platform's own check accepts what our CLI sends
     assert checked.sections["advanced"]["loss_type"] == "dapo"
+
+
+def test_asynchronous_training_settings_default_to_the_synchronous_loop(ws):
+    training = load(ws, "").training
+    assert (training.max_staleness, training.importance_ratio_cap) == (0, 2.0)
+
+
+@pytest.mark.parametrize("section", ["training", "advanced"])
+def test_asynchronous_training_settings_are_read_from_either_section(ws, section):
+    training = load(ws, f"[{section}]\nmax_staleness = 2\nimportance_ratio_cap = 1.5\n").training
+    assert (training.max_staleness, training.importance_ratio_cap) == (2, 1.5)
+    assert type(training.importance_ratio_cap) is float
+    assert load(ws, f"[{section}]\nimportance_ratio_cap = 1\n").training.importance_ratio_cap == 1.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("max_staleness", "-1", "must be an integer ≥ 0, got -1 (integer)"),
+        ("max_staleness", "1.5", "must be an integer ≥ 0, got 1.5 (float)"),
+        ("max_staleness", '"2"', "must be an integer ≥ 0, got '2' (string)"),
+        ("importance_ratio_cap", "0.5", "must be a finite number ≥ 1, got 0.5 (float)"),
+        ("importance_ratio_cap", "inf", "must be a finite number ≥ 1, got inf (float)"),
+    ],
+)
+def test_bad_asynchronous_training_settings_are_named_with_the_rule(ws, key, value, message):
+    for section in ("training", "advanced"):
+        found = issues(ws, f"[{section}]\n{key} = {value}\n")
+        assert found == {f"{section}.{key}": f"{section}.{key} {message}"}
+
+
+def test_an_asynchronous_setting_in_both_places_is_refused(ws):
+    found = issues(ws, "[training]\nmax_staleness = 1\n[advanced]\nmax_staleness = 1\n")
+    assert "set both in [training] and in [advanced]" in found["advanced.max_staleness"]

@@ -144,7 +144,11 @@ class TrainingSection:
     GRPO steps (0 = none), so the optimizer's first steps cannot throw a warmed-up policy far
     (Adam's first update moves every weight by about ``lr``, whatever the gradient);
     ``no_signal_patience`` fails the run after that many consecutive steps without a learning
-    signal (None: the smaller of 25 and 20 % of the steps, at least 1; 0 = never)."""
+    signal (None: the smaller of 25 and 20 % of the steps, at least 1; 0 = never);
+    ``max_staleness`` is the number of policy versions a sample may lag behind the weights it
+    trains (0 = the synchronous loop: every step trains rollouts of its own weights);
+    ``importance_ratio_cap`` truncates the per-token importance ratio (training-time over
+    generation-time probability) that corrects a stale sample's loss."""
 
     lr: float = setting(1e-6, number(gt=0))
     lr_warmup_steps: int = setting(0, integer(0))
@@ -160,6 +164,8 @@ class TrainingSection:
     seed: int = setting(0, integer(0))
     report_to: tuple[str, ...] = setting((), subset_of(REPORT_TARGETS))
     no_signal_patience: int | None = setting(None, integer(0))
+    max_staleness: int = setting(0, integer(0))
+    importance_ratio_cap: float = setting(2.0, number(ge=1))
 
 
 @dataclass(frozen=True)
@@ -260,6 +266,8 @@ ADVANCED_TRAINING_KEYS: tuple[str, ...] = (
     "report_to",
     "lr_warmup_steps",
     "no_signal_patience",
+    "max_staleness",
+    "importance_ratio_cap",
 )
 ADVANCED_TABLES: tuple[str, ...] = ("warmup", "lora")
 # Settings of `osmosis train run` that exist only under [advanced] (``[advanced.ray]``).
