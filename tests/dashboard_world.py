@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -103,11 +104,13 @@ def seed_training(
     no_signal: int = 0,
     warnings: tuple[str, ...] = (),
     error: str | None = None,
+    extra: Mapping[str, Callable[[int], float | None]] | None = None,
 ) -> Seeded:
     """A training run with ``steps`` steps of the metrics a GRPO run logs: the six overview
     charts and the trainer's others (loss, grad norm, learning rate, KL, clip ratio, throughput,
     step time; ``clip_ratio`` stays 0 throughout). The last ``no_signal`` steps had no learning
-    signal; each of ``warnings`` is a warning line of the run's log."""
+    signal; each of ``warnings`` is a warning line of the run's log; ``extra`` adds metrics,
+    each a function of the step (``None``: not logged at that step)."""
     now = platform.now()
     with platform.transaction() as db:
         run = _run(
@@ -146,6 +149,7 @@ def seed_training(
                 "tokens_per_s": 1500.0 + 10 * (step % 7),
                 "step_seconds": 4.0 + 0.1 * (step % 3),
                 "steps_without_signal": float(max(0, step - (steps - no_signal))),
+                **{key: value_at(step) for key, value_at in (extra or {}).items()},
             }
             for key, value in values.items():
                 if value is None:

@@ -783,3 +783,51 @@ async def test_secrets_page_lists_names_never_values(world):
         await sign_in(client, alice)
         page = (await client.get(BASE + "/secrets")).text
     assert "OPENAI_API_KEY" in page and "sk-very-secret-value" not in page
+
+
+ASYNC_METRICS = {
+    "max_staleness": lambda step: 2.0,
+    "staleness_mean": lambda step: 0.5 + (step % 3) * 0.5,
+    "staleness_max": lambda step: float(min(2, step % 3 + 1)),
+    "stale_regenerated": lambda step: float(step % 4 == 0),
+    "logprob_mismatch": lambda step: 0.01 * (step % 5),
+    "logprob_mismatch_max": lambda step: 0.1 * (step % 5),
+    "importance_ratio_mean": lambda step: 1.0 - 0.01 * (step % 3),
+    "importance_ratio_max": lambda step: 2.0,
+    "rollout_wait_seconds": lambda step: 0.1 * (step % 2),
+    "validation_policy_version": lambda step: float(step - 1) if step % 10 == 0 else None,
+}
+
+
+async def test_asynchronous_training_metrics_chart_in_their_own_group(world):
+    harness, alice = world["harness"], world["alice"]
+    ws = _ws_id(harness, WS)
+    stale = seed_training(
+        harness.platform, ws, alice.user_id, name="stale-heron", steps=30, extra=ASYNC_METRICS
+    )
+    synchronous = seed_training(harness.platform, ws, alice.user_id, name="sync-heron", steps=30)
+    async with harness.client() as client:
+        await sign_in(client, alice)
+        page = (await client.get(f"{BASE}/trainings/{stale.name}")).text
+        payload = (await client.get(f"{BASE}/trainings/{stale.name}/metrics.json")).json()
+        sync_page = (await client.get(f"{BASE}/trainings/{synchronous.name}")).text
+        sync_payload = (
+            await client.get(f"{BASE}/trainings/{synchronous.name}/metrics.json")
+        ).json()
+    charts = {c["name"]: c for c in payload["charts"]}
+    group = "Staleness and off-policy correction"
+    for name in set(ASYNC_METRICS) - {"rollout_wait_seconds"}:
+        assert charts[name]["group"] == group, name
+        assert f'data-test="chart-{name}"' in page and f'data-test="readout-{name}"' in page
+    assert charts["rollout_wait_seconds"]["group"] == "Throughput and step time"
+    assert charts["staleness_mean"]["title"] == "Staleness, mean (versions)"
+    assert "Importance ratio, max" in page and "Staleness, mean (versions)" in page
+    assert charts["staleness_mean"]["count"] == 30
+    assert (charts["staleness_mean"]["min"], charts["staleness_mean"]["max"]) == (0.5, 1.5)
+    assert charts["validation_policy_version"]["steps"] == [10, 20, 30]
+    assert charts["validation_policy_version"]["values"] == [9.0, 19.0, 29.0]
+    groups = [c["group"] for c in payload["charts"]]
+    assert groups.index("Throughput and step time") < groups.index(group)
+    # a synchronous (or older) run logs none of them: no empty group, no placeholder
+    assert group not in {c["group"] for c in sync_payload["charts"]}
+    assert "staleness" not in sync_page.lower() and "None" not in sync_page

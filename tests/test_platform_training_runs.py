@@ -622,3 +622,71 @@ def test_a_run_without_a_learning_signal_ends_failed_saying_why_everywhere(
         assert page.status_code == 200, page.text[:500]
         assert 'data-test="run-error"' in page.text
         assert "no_learning_signal: no learning signal for 2 consecutive steps" in page.text
+
+
+def test_asynchronous_training_metrics_reach_train_info_and_old_records_stay_clean(
+    cli: Platform, capsys
+):
+    """A step record of asynchronous training (``max_staleness`` > 0) as the worker stores it
+    (``step_values`` of its ``metrics.jsonl`` record), beside a synchronous run's record
+    without the new keys: ``train info`` shows each as a series with its title, and a step
+    without a key is a gap, never ``None`` on screen."""
+    from osmosis_ai.platform import training_metrics
+
+    platform = cli
+    submitted = platform.submit(SHORT_TRAINING, {"checkpoint_save_freq": 1}, {})
+    reporter = platform.context(platform.claim("w1")).reporter
+    old = {"step": 1, "time": 1.0, "training_reward": 0.25, "rollout_wait_seconds": 0.5}
+    stale = {
+        "step": 2,
+        "time": 2.0,
+        "training_reward": 0.5,
+        "rollout_wait_seconds": 0.0,
+        "max_staleness": 2,
+        "staleness_mean": 1.25,
+        "staleness_max": 2,
+        "logprob_mismatch": 0.03,
+        "logprob_mismatch_max": 0.4,
+        "importance_ratio_mean": 0.98,
+        "importance_ratio_max": 2.0,
+        "stale_regenerated": 3,
+        "validation_reward": 0.4,
+        "validation_pass_rate": 0.5,
+        "validation_policy_version": 2,
+    }
+    for record in (old, stale):
+        reporter.record_metrics(int(record["step"]), training_metrics.step_values(record))
+    reporter.progress(current_step=2, total_steps=5, examples_processed=8, reward=0.5)
+
+    info = invoke(capsys, "--json", "train", "info", submitted["name"])
+    assert info.code == 0, info.err
+    export = info.json()["data"]["metrics"]
+    series = {m["key"]: m for m in export["metrics"]}
+    new = {
+        "max_staleness": 2.0,
+        "staleness_mean": 1.25,
+        "staleness_max": 2.0,
+        "logprob_mismatch": 0.03,
+        "logprob_mismatch_max": 0.4,
+        "importance_ratio_mean": 0.98,
+        "importance_ratio_max": 2.0,
+        "stale_regenerated": 3.0,
+        "validation_policy_version": 2.0,
+    }
+    for key, value in new.items():
+        assert [(d["step"], d["value"]) for d in series[key]["data"]] == [(2, value)], key
+        assert series[key]["title"] == training_metrics.LABELS[key]
+        assert export["summary"][key]["latest"] == value
+    assert [d["value"] for d in series["rollout_wait_seconds"]["data"]] == [0.5, 0.0]
+    assert series["staleness_mean"]["title"] == "Staleness, mean (versions)"
+
+    shown = invoke(capsys, "--plain", "train", "info", submitted["name"], "-o", "export.json")
+    assert shown.code == 0, shown.err
+    lines = shown.out.splitlines()
+    assert any(
+        line.startswith("Staleness, mean (versions): ") and line.endswith(" 1.25 → 1.25")
+        for line in lines
+    ), shown.out
+    assert any(line.startswith("Importance ratio, max: ") for line in lines), shown.out
+    assert any(line.startswith("Rollout wait seconds: ") for line in lines), shown.out
+    assert "None" not in shown.out and "nan" not in shown.out

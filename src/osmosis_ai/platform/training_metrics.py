@@ -30,6 +30,19 @@ TITLES: dict[str, str] = {
     "total_length": "Total Length",
     "truncation_ratio": "Truncation Ratio",
 }
+# Display titles of other metrics, where the name's capitalized words would read wrong
+# (asynchronous training: staleness in policy versions, the off-policy correction).
+LABELS: dict[str, str] = {
+    "max_staleness": "Max staleness (setting)",
+    "staleness_mean": "Staleness, mean (versions)",
+    "staleness_max": "Staleness, max (versions)",
+    "stale_regenerated": "Stale samples regenerated",
+    "logprob_mismatch": "Logprob mismatch, mean",
+    "logprob_mismatch_max": "Logprob mismatch, max",
+    "importance_ratio_mean": "Importance ratio, mean",
+    "importance_ratio_max": "Importance ratio, max",
+    "validation_policy_version": "Validation policy version",
+}
 # Record fields that are not metrics.
 NOT_METRICS = frozenset({"step", "time"})
 
@@ -47,6 +60,8 @@ def title(key: str) -> str:
     name = export_key(key)
     if name in TITLES:
         return TITLES[name]
+    if name in LABELS:
+        return LABELS[name]
     return name.rsplit("/", 1)[-1].replace("_", " ").strip().capitalize() or key
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from osmosis_ai.cli.arguments import positive_int, whole_number
 from osmosis_ai.cli.errors import CLIError, CLIErrorCode
 from osmosis_ai.cli.output import Context, OperationResult, Result
+from osmosis_ai.platform.training_metrics import finite
 
 if TYPE_CHECKING:
     from osmosis_ai.train.events import TrainEvent, TrainRunResult
@@ -307,6 +308,9 @@ def _reward_text(event: Any) -> str:
     value = event.metrics.get("training_reward")
     failed = event.metrics.get("failed_rollouts") or 0
     text = "reward n/a" if value is None else f"reward {value:.3f}"
+    stale = finite(event.metrics.get("staleness_mean"))
+    if (finite(event.metrics.get("max_staleness")) or 0) > 0 and stale is not None:
+        text += f", stale {stale:.2f}"  # asynchronous training: policy versions behind
     return text + (f", {failed} failed" if failed else "")
 
 

@@ -68,6 +68,20 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "policy_version_lag",
         ),
     ),
+    (
+        "Staleness and off-policy correction",
+        (
+            "max_staleness",
+            "staleness_mean",
+            "staleness_max",
+            "stale_regenerated",
+            "logprob_mismatch",
+            "logprob_mismatch_max",
+            "importance_ratio_mean",
+            "importance_ratio_max",
+            "validation_policy_version",
+        ),
+    ),
 )
 OTHER_GROUP = "Other"
 
