@@ -442,3 +442,58 @@ trackers.close("success")
     ]
     offline = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and len({p.name.rpartition("-")[2] for p in offline}) == 1
+
+
+# --- asynchronous training metrics ------------------------------------------------------------
+
+
+def test_asynchronous_training_metrics_reach_the_trackers_and_absent_ones_leave_no_gap(
+    tmp_path: Path,
+):
+    """Step records as ``TrainReporter`` forwards them (``metrics.jsonl`` keys less the ones it
+    does not log): a synchronous step without the staleness keys, then asynchronous ones."""
+    script = """
+import sys
+from pathlib import Path
+from osmosis_ai import tracking
+from osmosis_ai.train import reporting
+
+records = [
+    {"step": 1, "time": 1.0, "training_reward": 0.1, "rollout_wait_seconds": 0.5},
+    {"step": 2, "time": 2.0, "training_reward": 0.2, "rollout_wait_seconds": 0.0,
+     "max_staleness": 2, "staleness_mean": 1.25, "staleness_max": 2, "stale_regenerated": 1,
+     "logprob_mismatch": 0.03, "logprob_mismatch_max": 0.5, "importance_ratio_mean": 0.97,
+     "importance_ratio_max": 2.0, "validation_reward": 0.3, "validation_policy_version": 2},
+    {"step": 3, "time": 3.0, "training_reward": 0.3, "max_staleness": 2,
+     "staleness_mean": None, "staleness_max": 1},
+]
+run = tracking.TrackedRun(kind="train", name="stale", run_dir=Path(sys.argv[1]),
+                          project="proj", config={}, resumed=False, resume_step=0)
+trackers = tracking.open_trackers(["tensorboard", "mlflow"], run)
+for record in records:
+    trackers.log(record["step"], {k: v for k, v in record.items()
+                                  if k not in reporting._NOT_LOGGED})
+trackers.close("success")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "run")],
+        env=tracker_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    run_dir = tmp_path / "run"
+    board = run_dir / "tensorboard"
+    assert tensorboard_scalars(board, "staleness_mean") == [(2, 1.25)]
+    assert tensorboard_scalars(board, "staleness_max") == [(2, 2.0), (3, 1.0)]
+    assert tensorboard_scalars(board, "max_staleness") == [(2, 2.0), (3, 2.0)]
+    assert tensorboard_scalars(board, "importance_ratio_max") == [(2, 2.0)]
+    assert tensorboard_scalars(board, "rollout_wait_seconds") == [(1, 0.5), (2, 0.0)]
+    assert tensorboard_scalars(board, "validation_policy_version") == [(2, 2.0)]
+    with pytest.raises(KeyError):  # a ValidationEvent logs it, not the step record
+        tensorboard_scalars(board, "validation_reward")
+    assert mlflow_series(run_dir, "logprob_mismatch") == [(2, pytest.approx(0.03))]
+    assert mlflow_series(run_dir, "stale_regenerated") == [(2, 1.0)]
+    assert mlflow_series(run_dir, "staleness_mean") == [(2, 1.25)]
