@@ -196,7 +196,9 @@ ROWS = [
 STEPS = {1: [0, 0, 1, 1], 2: [2, 2, 3, 3]}
 
 
-def collector(bridge: RolloutBridge, policy: LocalPolicy, next_rows: Any) -> RolloutCollector:
+def collector(
+    bridge: RolloutBridge, policy: LocalPolicy, next_rows: Any, max_staleness: int = 0
+) -> RolloutCollector:
     return RolloutCollector(
         bridge,
         ROWS,
@@ -207,6 +209,8 @@ def collector(bridge: RolloutBridge, policy: LocalPolicy, next_rows: Any) -> Rol
         max_response_length=64,
         group_size=2,
         next_rows=next_rows,
+        sampler_logprobs=max_staleness > 0,
+        max_staleness=max_staleness,
     )
 
 
@@ -263,6 +267,79 @@ def test_rollouts_dispatched_for_the_wrong_prompts_are_cancelled_and_redone(serv
         assert prompt[: len(expected)] == expected
     assert rollouts.next_rows is None  # no more guessing for the rest of the run
     assert len(bridge.run(requests("faithful", 2))) == 2  # nothing was left held
+
+
+def recorded_versions(policy: LocalPolicy, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The policy version of every answer the policy sends from now on."""
+    versions: list[int] = []
+    submit = policy.submit_chat
+
+    def recording(body: dict[str, Any], reply: Any, **options: Any) -> None:
+        def replied(answer: Any, error: BaseException | None) -> None:
+            if answer is not None:
+                versions.append(answer["policy_version"])
+            reply(answer, error)
+
+        submit(body, replied, **options)
+
+    monkeypatch.setattr(policy, "submit_chat", recording)
+    return versions
+
+
+def wait_for(condition: Any, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def test_with_max_staleness_the_next_step_generates_during_the_update(served, monkeypatch):
+    policy, bridge = served
+    versions = recorded_versions(policy, monkeypatch)
+    rollouts = collector(bridge, policy, STEPS.get, max_staleness=1)
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
+    with policy.updating(0):
+        pass
+    first = rollouts(step_prompts(1), trainer)
+    assert first[REWARD_FIELD] == [1.0] * 4 and versions == [0] * 8
+    assert first["logprobs"] is not None  # for the importance-ratio correction
+    # Nothing is held: step 2's rollouts run both their turns on the weights there are.
+    wait_for(lambda: len(versions) == 16)
+    assert versions[8:] == [0] * 8
+    with policy.updating(1):  # the update of step 1 ends
+        pass
+    trainer.state.global_step = 1
+    second = rollouts(step_prompts(2), trainer)
+    assert second[REWARD_FIELD] == [1.0] * 4 and len(versions) == 16
+    stats = rollouts.last
+    assert stats is not None
+    assert (stats.staleness_max, stats.stale_regenerated) == (1, 0)
+    assert stats.to_metrics()["staleness_mean"] == 1.0  # every token one version behind
+    assert stats.to_metrics()["max_staleness"] == 1
+    # rows carry the sampled tokens' logprobs, one per completion token
+    for ids, logprobs in zip(second["completion_ids"], second["logprobs"] or [], strict=True):
+        assert len(ids) == len(logprobs)
+
+
+def test_samples_older_than_the_bound_are_generated_again_not_trained(served, monkeypatch):
+    policy, bridge = served
+    versions = recorded_versions(policy, monkeypatch)
+    rollouts = collector(bridge, policy, STEPS.get, max_staleness=1)
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
+    with policy.updating(0):
+        pass
+    rollouts(step_prompts(1), trainer)
+    wait_for(lambda: len(versions) == 16)  # step 2's samples, all from version 0
+    with policy.updating(3):  # the policy moved three versions on meanwhile
+        pass
+    trainer.state.global_step = 1
+    second = rollouts(step_prompts(2), trainer)
+    assert second[REWARD_FIELD] == [1.0] * 4
+    stats = rollouts.last
+    assert stats is not None and stats.stale_regenerated == 4
+    assert versions[16:] == [3] * 8  # generated again by the current policy
+    assert stats.staleness_max == 0
+    assert stats.policy_version == 3
 
 
 _TOOLS = [

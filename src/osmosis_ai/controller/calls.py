@@ -74,6 +74,7 @@ class CallRecord:
     logprobs: list[float] | None = None
     first_chunk_ms: float | None = None
     error: str | None = None
+    policy_version: int | None = None  # the policy version that answered, when it says
 
     @property
     def ok(self) -> bool:
@@ -118,6 +119,7 @@ class CallRecorder:
         "first_chunk_ms",
         "index",
         "model",
+        "policy_version",
         "prompt_ids",
         "rollout_id",
         "status_code",
@@ -136,6 +138,7 @@ class CallRecorder:
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.model: str | None = None
+        self.policy_version: int | None = None
         self.prompt_ids: list[int] | None = None
         self.completion_ids: list[int] | None = None
         self._logprobs: list[float] | None = None
@@ -229,6 +232,9 @@ class CallRecorder:
         usage = data.get("usage")
         if usage is not None:
             self.usage = Usage.parse(usage) or self.usage
+        version = data.get("policy_version")
+        if isinstance(version, int) and not isinstance(version, bool):
+            self.policy_version = version
         prompt_ids = data.get("prompt_token_ids")
         choices = data.get("choices")
         choice: object = None
@@ -318,6 +324,7 @@ class CallRecorder:
             logprobs=self._logprobs,
             first_chunk_ms=self.first_chunk_ms,
             error="; ".join(self._problems) or None,
+            policy_version=self.policy_version,
         )
 
 

@@ -13,6 +13,14 @@ policy holds their model calls until the trainer asks for that step, after the u
 every sample still comes from the current policy. A step whose prompts turn out different
 is cancelled and dispatched anew.
 
+With ``max_staleness = K >= 1`` nothing is held: the rollouts of the next K steps run on
+the weights the policy has (a copy the trainer refreshes after every optimizer step), so
+their model calls and tool waits overlap the update. A step's rollouts are dispatched once
+the policy is at most K versions behind the weights that step trains, so each token lags at
+most K versions; a sample that lags more all the same (its calls answered by an older
+policy) is generated again, never trained on. TRL corrects each token's loss by its
+truncated importance ratio (:func:`~osmosis_ai.train.engine.correct_off_policy`).
+
 Prompts carry their dataset row (``osmosis_row`` on their messages) for the label and
 metadata; rewards reach TRL as the extra field ``osmosis_reward``.
 """
@@ -112,7 +120,23 @@ class StepStats:
     policy_version: int = 0
     policy_version_lag: int = 0
     policy_batches: int | None = None  # generation batches of the local policy, when local
+    max_staleness: int = 0
+    stale_tokens: int = 0  # model tokens trained, and their summed and largest staleness
+    staleness_sum: int = 0
+    staleness_max: int = 0
+    stale_regenerated: int = 0  # samples past max_staleness, generated again
     reasons: Counter[str] = field(default_factory=Counter[str])
+
+    def add_staleness(self, row: TrainingRow, version: int, dispatched: int) -> None:
+        """Count ``row``'s model tokens, each as stale as the policy versions between the
+        one that generated it (``dispatched`` where its answer did not say) and ``version``,
+        the one the step trains."""
+        for generated, tokens in row.versions:
+            lag = max(0, version - (dispatched if generated is None else generated))
+            self.stale_tokens += tokens
+            self.staleness_sum += lag * tokens
+            if tokens:
+                self.staleness_max = max(self.staleness_max, lag)
 
     def to_metrics(self) -> dict[str, Any]:
         seconds = max(self.seconds, 1e-9)
@@ -132,6 +156,10 @@ class StepStats:
             "tokens_per_s": (self.model_tokens + self.env_tokens) / seconds,
             "policy_version": self.policy_version,
             "policy_version_lag": self.policy_version_lag,
+            "max_staleness": self.max_staleness,
+            "staleness_mean": round(self.staleness_sum / max(self.stale_tokens, 1), 4),
+            "staleness_max": self.staleness_max,
+            "stale_regenerated": self.stale_regenerated,
             **batches,
         }
 
@@ -145,6 +173,7 @@ class _Ahead:
     batch: RolloutBatch
     started: float
     batches: int | None  # the policy's batch count when they were dispatched
+    version: int  # the policy version then (for answers that do not say theirs)
 
 
 class RolloutCollector:
@@ -158,6 +187,9 @@ class RolloutCollector:
     sampling correction reads them; nothing else does).
     ``strict``: a rollout whose calls break the token chain fails the run; otherwise each
     of its unbroken segments is trained as a row (see :meth:`take_segments`).
+    ``max_staleness``: how many policy versions a sample may lag behind the weights it
+    trains (0: every sample comes from the current policy, the next step's model calls held
+    until the update is done).
     """
 
     def __init__(
@@ -175,6 +207,7 @@ class RolloutCollector:
         on_failure: Callable[[str, str], None] | None = None,
         next_rows: Callable[[int], list[int] | None] | None = None,
         sampler_logprobs: bool = False,
+        max_staleness: int = 0,
     ) -> None:
         self.bridge = bridge
         self.rows = rows
@@ -188,10 +221,11 @@ class RolloutCollector:
         self.on_failure = on_failure
         self.next_rows = next_rows
         self.sampler_logprobs = sampler_logprobs
+        self.max_staleness = max_staleness
         self.last: StepStats | None = None
         self.watch: StepWatch | None = None  # the trainer step deadline, paused for rollouts
         self._fallbacks: dict[int, list[int]] = {}
-        self._ahead: _Ahead | None = None
+        self._ahead: list[_Ahead] = []  # in step order
         self._segments: list[tuple[int, TrainingRow]] = []
 
     def request(self, index: int, sample: int, **extra: Any) -> DispatchRequest:
@@ -223,14 +257,19 @@ class RolloutCollector:
         if ahead is None:
             started, batches = time.perf_counter(), self.bridge.upstream.batches
             batch = self.bridge.launch(self.requests(indices, step, version))
+            dispatched = version
         else:
             started, batch, batches = ahead.started, ahead.batch, ahead.batches
+            dispatched = ahead.version
         with self.watch.paused() if self.watch is not None else contextlib.nullcontext():
             outcomes = self.bridge.finish(batch)
+            stats = StepStats(policy_version=version, max_staleness=self.max_staleness)
+            if self.max_staleness:
+                outcomes = self._admit(
+                    step, indices, outcomes, version=version, dispatched=dispatched, stats=stats
+                )
         done = time.perf_counter()
-        stats = StepStats(
-            seconds=done - started, wait_seconds=done - called, policy_version=version
-        )
+        stats.seconds, stats.wait_seconds = done - started, done - called
         after = self.bridge.upstream.batches
         if batches is not None and after is not None:
             stats.policy_batches = after - batches
@@ -239,6 +278,8 @@ class RolloutCollector:
         segments: list[tuple[int, TrainingRow]] = []
         for index, outcome in zip(indices, outcomes, strict=True):
             first, *others = self._rows(index, outcome, stats)
+            for row in (first, *others):
+                stats.add_staleness(row, version, dispatched)
             segments += [(len(rows), row) for row in others]
             rows.append(first)
         _count_groups(stats, [row.reward for row in rows], self.group_size)
@@ -251,18 +292,71 @@ class RolloutCollector:
                 "same rollout), then resume with --resume"
             )
         self._segments = segments
-        self._dispatch_ahead(step + 1, version + 1)
+        if self.max_staleness:
+            self._fill_ahead(step, version)
+        else:
+            self._dispatch_ahead(step + 1, version + 1)
         output: dict[str, list[Any] | None] = {
             "prompt_ids": [row.prompt_ids for row in rows],
             "completion_ids": [row.completion_ids for row in rows],
-            # TRL reads the sampler's logprobs only to correct for a vLLM sampler; like its
-            # own generation path it gets none otherwise (and pads nothing for them)
+            # TRL reads the sampler's logprobs only to correct for a vLLM sampler or a stale
+            # sample; like its own generation path it gets none otherwise (and pads nothing)
             "logprobs": [row.logprobs for row in rows] if self.sampler_logprobs else None,
             REWARD_FIELD: [row.reward for row in rows],
         }
         if any(0 in row.env_mask for row in rows):  # a mask of ones is no mask at all
             output["env_mask"] = [row.env_mask for row in rows]
         return output
+
+    def _admit(
+        self,
+        step: int,
+        indices: list[int],
+        outcomes: list[DispatchOutcome],
+        *,
+        version: int,
+        dispatched: int,
+        stats: StepStats,
+    ) -> list[DispatchOutcome]:
+        """``outcomes`` with every sample older than ``max_staleness`` versions (an answer
+        from a policy more than that behind ``version``) replaced by one generated now."""
+        oldest = version - self.max_staleness
+        outcomes = list(outcomes)
+        for _attempt in range(3):  # a regenerated sample comes from the current policy
+            stale = [
+                position
+                for position, outcome in enumerate(outcomes)
+                if _oldest_version(outcome, dispatched) < oldest
+            ]
+            if not stale:
+                break
+            stats.stale_regenerated += len(stale)
+            logger.info(
+                "step %d: %d samples lag more than %d policy versions; generating them again",
+                step,
+                len(stale),
+                self.max_staleness,
+            )
+            requests = self.requests(indices, step, version)
+            fresh = self.bridge.run([requests[position] for position in stale])
+            for position, outcome in zip(stale, fresh, strict=True):
+                outcomes[position] = outcome
+            dispatched = version
+        return outcomes
+
+    def _fill_ahead(self, step: int, version: int) -> None:
+        """Dispatch the rollouts of the steps after ``step`` that may run now: up to
+        ``max_staleness`` steps ahead, on the weights the policy has (``version``, the ones
+        ``step`` trains: each of those steps trains at most ``max_staleness`` versions on)."""
+        for ahead in range(step + 1, step + 1 + self.max_staleness):
+            if any(queued.step == ahead for queued in self._ahead):
+                continue
+            indices = self.next_rows(ahead) if self.next_rows is not None else None
+            if not indices:
+                return
+            started, batches = time.perf_counter(), self.bridge.upstream.batches
+            batch = self.bridge.launch(self.requests(indices, ahead, version))
+            self._ahead.append(_Ahead(ahead, indices, batch, started, batches, version))
 
     def _dispatch_ahead(self, step: int, version: int) -> None:
         """Start ``step``'s rollouts now (to be served by ``version``), their model calls
@@ -272,17 +366,18 @@ class RolloutCollector:
             return
         started, batches = time.perf_counter(), self.bridge.upstream.batches
         batch = self.bridge.launch(self.requests(indices, step, version))
-        self._ahead = _Ahead(step, indices, batch, started, batches)
+        self._ahead.append(_Ahead(step, indices, batch, started, batches, version))
 
     def _take_ahead(self, step: int, indices: list[int]) -> _Ahead | None:
         """The rollouts dispatched ahead for this step, if they are for these prompts (any
-        others are cancelled); their model calls are released either way."""
-        ahead = self._ahead
-        if ahead is None:
+        others are cancelled); held model calls are released either way."""
+        if not self._ahead:
             return None
+        ahead = self._ahead[0]
         if ahead.step == step and ahead.indices == indices:
-            self._ahead = None
-            self.bridge.upstream.hold(False)
+            self._ahead.pop(0)
+            if not self.max_staleness:
+                self.bridge.upstream.hold(False)
             return ahead
         self.drop_ahead()
         self.next_rows = None  # the trainer's order is not the predicted one: stop guessing
@@ -294,11 +389,12 @@ class RolloutCollector:
         return None
 
     def drop_ahead(self) -> None:
-        """Cancel rollouts dispatched ahead for a step that will not run."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
+        """Cancel rollouts dispatched ahead for steps that will not run."""
+        ahead, self._ahead = self._ahead, []
+        if ahead and not self.max_staleness:
             self.bridge.upstream.hold(False)
-            self.bridge.abandon(ahead.batch)
+        for queued in ahead:
+            self.bridge.abandon(queued.batch)
 
     def take_segments(self) -> list[tuple[int, TrainingRow]]:
         """The last step's further segment rows, each with the position of its rollout's row
@@ -378,6 +474,17 @@ class RolloutCollector:
         mean = sum(scored) / len(scored) if scored else None
         passed = sum(1 for r in scored if r >= 1.0) / len(scored) if scored else None
         return EvalSummary(step, len(requests), len(scored), mean, passed)
+
+
+def _oldest_version(outcome: DispatchOutcome, dispatched: int) -> int:
+    """The oldest policy version that answered one of ``outcome``'s model calls
+    (``dispatched`` for an answer that did not say)."""
+    versions = [
+        dispatched if call.policy_version is None else call.policy_version
+        for call in outcome.calls
+        if call.ok
+    ]
+    return min(versions, default=dispatched)
 
 
 def _count_groups(stats: StepStats, rewards: Sequence[float | None], group: int) -> None:

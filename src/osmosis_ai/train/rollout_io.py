@@ -139,6 +139,7 @@ class RolloutIO:
         self._finished: list[str] = []
         self._outbox: list[tuple[Any, ...]] = []
         self._callers: int | None = None
+        self._in_flight: dict[int, int] = {}  # rollouts still running, by batch
         self._pruning: threading.Thread | None = None
 
     async def run(self) -> None:
@@ -382,27 +383,30 @@ class RolloutIO:
                 f"the rollout server exited (code {code}); its last output:\n{server.output_tail()}"
             )
         self._join_pruning()  # never rmdir beside the server's mkdirs: both slow down
-        in_flight = len(requests)
+        in_flight = self._in_flight
 
         async def run_one(index: int, request: DispatchRequest) -> DispatchOutcome:
-            nonlocal in_flight
             try:
                 outcome = await dispatcher.run(request)
                 # its server died before a result was committed: again, elsewhere, new id
                 while outcome.lost_in_transit and self._fleet is not None and self._fleet.live():
                     outcome = await dispatcher.run(request)
             finally:
-                in_flight -= 1
-                self._set_callers(in_flight)
+                in_flight[batch] -= 1
+                self._set_callers(sum(in_flight.values()))
             self._send("outcome", batch, index, outcome)
             return outcome
 
-        # The policy batches best when it knows how many rollouts may still ask it.
-        self._set_callers(in_flight)
+        # The policy batches best when it knows how many rollouts may still ask it (those
+        # of every batch running: the next steps' ones run beside a step's own when training
+        # is asynchronous).
+        in_flight[batch] = len(requests)
+        self._set_callers(sum(in_flight.values()))
         try:
             return list(await asyncio.gather(*(run_one(i, r) for i, r in enumerate(requests))))
         finally:
-            self._set_callers(0)
+            del in_flight[batch]
+            self._set_callers(sum(in_flight.values()))
 
     async def _abandon(self, batch: int) -> None:
         task = self._batches.pop(batch, None)

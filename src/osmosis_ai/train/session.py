@@ -10,7 +10,9 @@ step, saves, and stops; a second one quits.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,12 @@ METRIC_NAMES = {
     "grad_norm": "grad_norm",
     "learning_rate": "learning_rate",
     "step_time": "step_seconds",
+    # with max_staleness >= 1: training-time vs generation-time logprobs, and the truncated
+    # importance ratios that corrected the loss
+    "sampling/sampling_logp_difference/mean": "logprob_mismatch",
+    "sampling/sampling_logp_difference/max": "logprob_mismatch_max",
+    "sampling/importance_sampling_ratio/mean": "importance_ratio_mean",
+    "sampling/importance_sampling_ratio/max": "importance_ratio_max",
 }
 
 
@@ -268,56 +276,22 @@ class Session:
     def _reinforce(
         self, bridge: RolloutBridge, upstream: TrainingUpstream, device: str, report_to: list[str]
     ) -> str:
-        from osmosis_ai.controller.policy import LocalPolicy
         from osmosis_ai.train.callbacks import RunCallback
 
         plan, training = self.plan, self.plan.config.training
-        max_len = training.max_prompt_length + training.max_response_length
         tokenizer = self.tokenizer
-
         vllm_url = plan.options.vllm_server_url
-
-        def serve(model: Any) -> None:
-            self.policy = LocalPolicy.from_model(
-                model, tokenizer, name=plan.model_ref, max_model_len=max_len, seed=training.seed
-            )
-            if vllm_url is None:
-                upstream.serve_local(self.policy)
-
-        serve(self.model)
+        staleness = training.max_staleness
+        self._serve(self.model, upstream)
         if vllm_url is not None:  # TRL syncs the server's weights before each step's rollouts
             upstream.serve_openai(
                 f"{vllm_url.rstrip('/')}/v1",
                 plan.model_ref,
                 lambda: int(self.trainer.state.global_step),
             )
-        self.collector = RolloutCollector(
-            bridge,
-            plan.rows,
-            fallback_prompt=lambda row: self.policy.encode(
-                self.policy.render(row.initial_messages)
-            ),
-            stop_id=int(tokenizer.eos_token_id),
-            agent_timeout_sec=training.agent_workflow_timeout_s,
-            grader_timeout_sec=training.grader_timeout_s,
-            max_response_length=training.max_response_length,
-            group_size=plan.group,
-            strict=plan.options.strict_token_chain,
-            on_failure=lambda rollout_id, reason: self.journal.warning(
-                "rollout", reason, rollout_id=rollout_id
-            ),
-            next_rows=self._next_rows if vllm_url is None and self.dispatch_ahead else None,
-            sampler_logprobs=vllm_url is not None,
-        )
+        self.collector = self._collector(bridge, vllm=vllm_url is not None)
         if self.resume_point is not None:
-            done = int(self.resume_point.name.rpartition("-")[2])
-            if self.leads:
-                kept = self.rundir.keep_metrics_until(done)
-                self.rewards = [r.get("training_reward") for r in kept]
-            self.steps_done = done
-            with self.updating(done):
-                pass  # the served policy's version continues from the checkpoint's step
-            self.stage(f"resuming after step {done} ({self.resume_point.name})")
+            self._resume_steps(self.resume_point)
         elif plan.config.checkpoints.eval_interval > 0 and vllm_url is None and self.leads:
             self._validate(0)  # (a vLLM server holds the pre-warm-up weights until step 1)
         watch = StepWatch(self.step_deadline_s())
@@ -336,10 +310,13 @@ class Session:
             segments=self.collector.take_segments,
         )
         if vllm_url is None and engine.served_model(self.trainer) is not self.model:
-            serve(engine.served_model(self.trainer))
+            self._serve(engine.served_model(self.trainer), upstream)
+        if staleness:
+            engine.correct_off_policy(self.trainer, training.importance_ratio_cap)
+        overlap = f", max_staleness {staleness}" if staleness else ""
         self.stage(
             f"GRPO: {plan.steps - self.steps_done} steps ({training.loss_type}, "
-            f"lr {training.lr:g}, kl {training.kl_coef:g})"
+            f"lr {training.lr:g}, kl {training.kl_coef:g}{overlap})"
         )
         try:
             engine.run(self.trainer, plan, self.resume_point, watch)
@@ -362,6 +339,56 @@ class Session:
             return "interrupted"
         return "success" if last >= plan.steps else "partial"
 
+    def _serve(self, model: Any, upstream: TrainingUpstream) -> None:
+        """Serve ``model`` as the rollouts' policy (itself, or with ``max_staleness`` a copy:
+        rollouts then generate while the trainer updates, and the copy takes the new weights
+        after every optimizer step, :meth:`updating`)."""
+        from osmosis_ai.controller.policy import LocalPolicy
+
+        plan, training = self.plan, self.plan.config.training
+        self.policy = LocalPolicy.from_model(
+            copy.deepcopy(model) if training.max_staleness else model,
+            self.tokenizer,
+            name=plan.model_ref,
+            max_model_len=training.max_prompt_length + training.max_response_length,
+            seed=training.seed,
+        )
+        if plan.options.vllm_server_url is None:
+            upstream.serve_local(self.policy)
+
+    def _resume_steps(self, resume_point: Path) -> None:
+        done = int(resume_point.name.rpartition("-")[2])
+        if self.leads:
+            kept = self.rundir.keep_metrics_until(done)
+            self.rewards = [r.get("training_reward") for r in kept]
+        self.steps_done = done
+        with self.updating(done):
+            pass  # the served policy's version continues from the checkpoint's step
+        self.stage(f"resuming after step {done} ({resume_point.name})")
+
+    def _collector(self, bridge: RolloutBridge, *, vllm: bool) -> RolloutCollector:
+        plan, training = self.plan, self.plan.config.training
+        staleness = training.max_staleness
+        return RolloutCollector(
+            bridge,
+            plan.rows,
+            fallback_prompt=lambda row: self.policy.encode(
+                self.policy.render(row.initial_messages)
+            ),
+            stop_id=int(self.tokenizer.eos_token_id),
+            agent_timeout_sec=training.agent_workflow_timeout_s,
+            grader_timeout_sec=training.grader_timeout_s,
+            max_response_length=training.max_response_length,
+            group_size=plan.group,
+            strict=plan.options.strict_token_chain,
+            on_failure=lambda rollout_id, reason: self.journal.warning(
+                "rollout", reason, rollout_id=rollout_id
+            ),
+            next_rows=self._next_rows if self.dispatch_ahead and (not vllm or staleness) else None,
+            sampler_logprobs=vllm or staleness > 0,
+            max_staleness=staleness,
+        )
+
     def _next_rows(self, step: int) -> list[int] | None:
         """The rows of ``step``'s prompts (each sampled ``group`` times, in TRL's order) when
         its rollouts may be dispatched while the previous step updates: not past the last
@@ -377,7 +404,21 @@ class Session:
     def updating(self, version: int) -> contextlib.AbstractContextManager[None]:
         if self.policy is None or self.plan.options.vllm_server_url is not None:
             return contextlib.nullcontext()
+        if self.plan.config.training.max_staleness:
+            return self._synced(version)
         return self.policy.updating(version)
+
+    @contextlib.contextmanager
+    def _synced(self, version: int) -> Generator[None]:
+        """The optimizer step runs while rollouts generate on the policy's copy; then the
+        copy takes the weights it trained (the trainable ones: all, or LoRA's adapters) and
+        becomes ``version``, between two generation batches."""
+        yield
+        trained: list[tuple[str, Any]] = []
+        if self.trainer is not None:
+            served = engine.served_model(self.trainer)
+            trained = [(n, p.detach()) for n, p in served.named_parameters() if p.requires_grad]
+        self.policy.update_weights(trained, version)
 
     def after_step(self, step: int) -> bool:
         self.steps_done = step

@@ -35,6 +35,8 @@ class TrainingRow:
     truncated: bool = False
     excluded: str | None = None
     segment: int = 0  # which unbroken token segment of the rollout this row is
+    # (policy version or None when the answer did not say, its model tokens), call by call
+    versions: tuple[tuple[int | None, int], ...] = ()
 
     @property
     def model_tokens(self) -> int:
@@ -52,6 +54,7 @@ class Chain:
     mask: list[int] = field(default_factory=list[int])
     calls: int = 0
     finish_reason: str | None = None
+    versions: list[tuple[int | None, int]] = field(default_factory=list[tuple[int | None, int]])
 
     def add(self, record: CallRecord, environment: Sequence[int]) -> None:
         completion = record.completion_token_ids or []
@@ -63,6 +66,7 @@ class Chain:
         self.mask += [0] * len(environment) + [1] * len(completion)
         self.calls += 1
         self.finish_reason = record.finish_reason
+        self.versions.append((record.policy_version, len(completion)))
 
     @property
     def model_tokens(self) -> int:
@@ -197,9 +201,11 @@ def _chain_row(
     """``chain`` as a row cut at ``max_response_length``; ``None`` with no model token."""
     completion, logprobs, mask = chain.completion, chain.logprobs, chain.mask
     truncated = chain.finish_reason == "length"
+    versions = chain.versions
     if len(completion) > max_response_length:
         completion = completion[:max_response_length]
         logprobs, mask = logprobs[:max_response_length], mask[:max_response_length]
+        versions = _kept_versions(versions, sum(mask))
         truncated = True
     if not any(mask):
         return None
@@ -214,7 +220,21 @@ def _chain_row(
         chain_breaks=chain_breaks,
         truncated=truncated,
         segment=segment,
+        versions=tuple(versions),
     )
+
+
+def _kept_versions(
+    versions: Sequence[tuple[int | None, int]], kept: int
+) -> list[tuple[int | None, int]]:
+    """The calls' (version, model tokens) pairs for the first ``kept`` model tokens."""
+    out: list[tuple[int | None, int]] = []
+    for version, count in versions:
+        if kept <= 0:
+            break
+        out.append((version, min(count, kept)))
+        kept -= count
+    return out
 
 
 def excluded_row(prompt_ids: Sequence[int], stop_id: int, reason: str) -> TrainingRow:
