@@ -1,5 +1,7 @@
 """GPU tier: the same training path on CUDA, then with rollouts served by vLLM through TRL's
-vLLM integration (``trl vllm-serve``; TRL syncs the weights over NCCL after each step).
+vLLM integration (``trl vllm-serve``; TRL syncs the weights over NCCL after each step), each
+synchronous and asynchronous (``max_staleness = 1``: the next step's rollouts generate on
+the weights there are, so a weight sync overlaps them).
 
 Skipped, with the reason named, where no CUDA device is visible or vLLM is not installed.
 """
@@ -54,13 +56,33 @@ def options(workspace: Path, **extra: object) -> TrainRunOptions:
     )
 
 
-def test_training_runs_on_cuda_with_the_local_policy(workspace: Path):
+def asynchronous(workspace: Path, staleness: int) -> None:
+    config = workspace / "configs" / "training" / "smoke.toml"
+    text = config.read_text()
+    config.write_text(text.replace("[training]\n", f"[training]\nmax_staleness = {staleness}\n"))
+
+
+def check_staleness(records: list[dict[str, object]], staleness: int) -> None:
+    for record in records:
+        assert record["max_staleness"] == staleness
+        assert isinstance(record["staleness_max"], int) and record["staleness_max"] <= staleness
+    if staleness:
+        assert all(isinstance(r["logprob_mismatch"], float) for r in records)
+        assert any(float(r["staleness_mean"]) > 0 for r in records)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_training_runs_on_cuda_with_the_local_policy(workspace: Path, staleness: int):
+    asynchronous(workspace, staleness)
     result = run_training(options(workspace))
     assert result.status == "success" and result.steps_done == 3
-    assert all(isinstance(r["training_reward"], float) for r in metrics(result.run_dir))
+    records = metrics(result.run_dir)
+    assert all(isinstance(r["training_reward"], float) for r in records)
+    check_staleness(records, staleness)
 
 
-def test_rollouts_served_by_vllm_with_trl_weight_sync(workspace: Path):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_rollouts_served_by_vllm_with_trl_weight_sync(workspace: Path, staleness: int):
     pytest.importorskip("vllm", reason="needs vLLM for the GPU serving tier")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -93,10 +115,14 @@ def test_rollouts_served_by_vllm_with_trl_weight_sync(workspace: Path):
                 time.sleep(1)
         else:
             pytest.fail("trl vllm-serve did not become healthy within 300 s")
+        asynchronous(workspace, staleness)
         result = run_training(options(workspace, vllm_server_url=f"http://127.0.0.1:{port}"))
         assert result.status == "success"
-        for record in metrics(result.run_dir):
-            assert record["failed_rollouts"] == 0 and record["policy_version_lag"] == 0
+        records = metrics(result.run_dir)
+        for record in records:
+            assert record["failed_rollouts"] == 0
+            assert record["policy_version_lag"] <= staleness
+        check_staleness(records, staleness)
     finally:
         server.terminate()
         server.wait(timeout=60)
