@@ -273,6 +273,18 @@ async def test_non_stream_forwards_the_whole_body_with_only_model_replaced():
     assert reply["choices"][0]["finish_reason"] == "tool_calls"
 
 
+async def test_a_rollouts_upstream_fields_reach_the_upstream_not_other_rollouts():
+    async with rig(ScriptedModelServer(record_requests=True)) as r:
+        r.proxy.register("pinned", upstream_fields={"route_to": 3, "temperature": 0.5})
+        pinned = await r.post({"messages": user("hi"), "temperature": 1.0}, rollout="pinned")
+        plain = await r.post({"messages": user("hi"), "temperature": 1.0})
+        sent = [request.body for request in r.model.requests]
+    assert pinned.status_code == plain.status_code == 200
+    assert "route_to" not in pinned.json()  # the agent gets the upstream's answer only
+    assert sent[0] == {"messages": user("hi"), "temperature": 0.5, "route_to": 3, "model": POLICY}
+    assert sent[1] == {"messages": user("hi"), "temperature": 1.0, "model": POLICY}
+
+
 async def test_stream_forwards_the_body_and_relays_the_chunks():
     async with rig(ScriptedModelServer(["It is forty two."], record_requests=True)) as r:
         response = await r.post({**FULL_REQUEST, "stream": True})

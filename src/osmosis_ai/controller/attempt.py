@@ -40,7 +40,10 @@ UNBOUNDED_DEADLINE_SEC = 3600.0
 @dataclass(frozen=True)
 class DispatchRequest:
     """One work item. ``rollout_id`` ``None`` mints a fresh uuid4 hex per attempt;
-    ``deadline_sec`` ``None`` derives the deadline from the timeouts (:attr:`deadline`)."""
+    ``deadline_sec`` ``None`` derives the deadline from the timeouts (:attr:`deadline`).
+    ``upstream_fields``: JSON fields the policy proxy merges into every model request body
+    the rollout sends upstream (the agent never sees them), such as the policy version that
+    must answer it."""
 
     initial_messages: Sequence[Mapping[str, Any]]
     label: str | None = None
@@ -51,6 +54,7 @@ class DispatchRequest:
     grade: bool = True
     rollout_id: str | None = None
     deadline_sec: float | None = None
+    upstream_fields: Mapping[str, Any] | None = None
 
     @property
     def deadline(self) -> float:

@@ -151,7 +151,7 @@ class Dispatcher(HttpClientOwner):
         except (httpx.HTTPError, RolloutProtocolError) as exc:
             return self._outcome(attempt, "transport_error", detail=_describe(exc))
         proxy, listener = self.service.proxy, self.service.listener
-        proxy.register(attempt.rollout_id)
+        proxy.register(attempt.rollout_id, upstream_fields=request.upstream_fields)
         try:
             if attempt.generation == "polling":
                 return await self._run_polling(attempt)

@@ -16,6 +16,7 @@ import asyncio
 import hmac
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, unquote
@@ -51,6 +52,7 @@ class _Rollout:
     records: list[CallRecord] = field(default_factory=list)
     next_index: int = 0
     total_tokens: int = 0
+    upstream_fields: dict[str, Any] | None = None  # merged into each body sent upstream
 
 
 class _Route(NamedTuple):
@@ -117,13 +119,18 @@ class PolicyProxy:
         """The ASGI app (this instance)."""
         return self
 
-    def register(self, rollout_id: str) -> None:
-        """Open the endpoint of ``rollout_id`` (a fresh, single path segment)."""
+    def register(
+        self, rollout_id: str, *, upstream_fields: Mapping[str, Any] | None = None
+    ) -> None:
+        """Open the endpoint of ``rollout_id`` (a fresh, single path segment).
+        ``upstream_fields`` are merged into every request body of the rollout the upstream
+        gets (model calls and token counts), over the agent's own fields."""
         if not rollout_id or "/" in rollout_id:
             raise UsageError(f"rollout id {rollout_id!r} must be one non-empty path segment")
         if rollout_id in self._rollouts:
             raise UsageError(f"rollout id {rollout_id!r} is already registered: discard it first")
-        self._rollouts[rollout_id] = _Rollout(rollout_id)
+        fields = dict(upstream_fields) if upstream_fields else None
+        self._rollouts[rollout_id] = _Rollout(rollout_id, upstream_fields=fields)
 
     def discard(self, rollout_id: str) -> list[CallRecord]:
         """Close the endpoint of ``rollout_id``; returns its remaining records (idempotent)."""
@@ -183,12 +190,14 @@ class PolicyProxy:
             await send_body(send, *body)
             return
         if counting:
-            await send_body(send, *await self._count(body))
+            await send_body(send, *await self._count(body, rollout.upstream_fields))
             return
         asked, body = body, self._translate(body, dialect)
         if isinstance(body, tuple):
             await send_body(send, *body)
             return
+        if rollout.upstream_fields:
+            body.update(rollout.upstream_fields)
         index, rollout.next_index = rollout.next_index, rollout.next_index + 1
         recorder = CallRecorder(rollout.rollout_id, index, stream=bool(body.get("stream")))
         try:
@@ -282,12 +291,16 @@ class PolicyProxy:
             body.setdefault("return_token_ids", True)
         return body
 
-    async def _count(self, body: dict[str, Any]) -> tuple[int, bytes]:
+    async def _count(
+        self, body: dict[str, Any], upstream_fields: dict[str, Any] | None
+    ) -> tuple[int, bytes]:
         """The answer to a Messages ``count_tokens`` request."""
         try:
             chat = _COUNTING.counting_chat(body)
         except DialectError as exc:
             return exc.status, _COUNTING.error_body(exc.status, exc.message)
+        if upstream_fields:
+            chat.update(upstream_fields)
         counter = getattr(self.upstream, "count_tokens", None)
         tokens: int | None = None
         if counter is not None:

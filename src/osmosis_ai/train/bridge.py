@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from osmosis_ai.controller.policy import LocalPolicy
 
 POLICY_MODEL_NAME = "osmosis-policy"
+# The model request field (set through DispatchRequest.upstream_fields) that has a pinned
+# policy version answer the call instead of the served policy; removed before it answers.
+POLICY_PIN_FIELD = "osmosis_policy_pin"
 _CLOSE_WAIT_SEC = 30.0
 _FIRST_WORD_SEC = 30.0  # an I/O process may take this long to import before it first speaks
 
@@ -53,7 +56,9 @@ class TrainingUpstream:
     model) or an OpenAI-compatible server TRL keeps in sync (vLLM), and the run's sampling
     settings, which the I/O process imposes on every request: ``temperature`` and ``top_p``
     (the trainer's log-probabilities assume them) and at most ``max_tokens`` new tokens,
-    whatever the agent asked for."""
+    whatever the agent asked for. Beside the served policy it keeps pinned local policies
+    by version (:meth:`pin`): a rollout whose requests carry :data:`POLICY_PIN_FIELD` is
+    answered by that one."""
 
     def __init__(self, *, temperature: float, top_p: float, max_tokens: int) -> None:
         self.temperature = temperature
@@ -62,6 +67,7 @@ class TrainingUpstream:
         self.spec: ServeSpec | None = None
         self.local: LocalPolicy | None = None
         self._version: Callable[[], int] = lambda: 0
+        self._pinned: dict[int, LocalPolicy] = {}
 
     def serve_local(self, policy: LocalPolicy) -> None:
         """Serve the local policy under our model name from now on."""
@@ -81,6 +87,34 @@ class TrainingUpstream:
     @property
     def policy_version(self) -> int:
         return self._version()
+
+    def pin(self, policy: LocalPolicy) -> dict[str, int]:
+        """Keep ``policy`` (a frozen copy) answering for its version until :meth:`unpin`;
+        returns the upstream fields that route a rollout's calls to it."""
+        self._pinned[policy.version] = policy
+        return {POLICY_PIN_FIELD: policy.version}
+
+    def unpin(self, version: int) -> None:
+        """Forget the policy pinned at ``version`` (idempotent)."""
+        self._pinned.pop(version, None)
+
+    def policy_for(self, body: dict[str, Any]) -> LocalPolicy:
+        """The local policy that answers ``body``: the one pinned at the version its
+        :data:`POLICY_PIN_FIELD` names (the field is removed), else the served one."""
+        pin = body.pop(POLICY_PIN_FIELD, None)
+        if pin is not None:
+            exact = isinstance(pin, int) and not isinstance(pin, bool)
+            policy = self._pinned.get(pin) if exact else None
+            if policy is None:
+                pinned = ", ".join(map(str, sorted(self._pinned))) or "none"
+                raise UsageError(
+                    f"{POLICY_PIN_FIELD}={pin!r}: no policy is pinned at that version "
+                    f"(pinned: {pinned}); a rollout may only ask for a version the run pinned"
+                )
+            return policy
+        if self.local is None:
+            raise UsageError("no local policy is served to this run")
+        return self.local
 
     @property
     def batches(self) -> int | None:
@@ -421,10 +455,8 @@ class RolloutBridge:
             with self._lock:
                 self._replies.append(("answer", call, answer, failure))
 
-        policy = self.upstream.local
         try:
-            if policy is None:
-                raise UsageError("no local policy is served to this run")
+            policy = self.upstream.policy_for(body)
             policy.submit_chat(body, reply, chunks=chunks, flush=self._send_replies)
         except Exception as exc:
             reply(None, exc)
@@ -435,12 +467,10 @@ class RolloutBridge:
         """Answer with the prompt tokens of ``chat`` under the local policy's chat template
         (Messages token counting); rendered on this thread, as chat prompts are."""
         del chunks  # (a count is one answer)
-        policy = self.upstream.local
         count: int | None = None
         failure: CallError | None = None
         try:
-            if policy is None:
-                raise UsageError("no local policy is served to this run")
+            policy = self.upstream.policy_for(chat)
             extra = chat.get("chat_template_kwargs")
             kwargs: dict[str, Any] = dict(extra) if isinstance(extra, dict) else {}
             count = len(policy.encode(policy.render(chat["messages"], chat.get("tools"), **kwargs)))

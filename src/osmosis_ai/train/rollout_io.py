@@ -392,15 +392,16 @@ class RolloutIO:
                 while outcome.lost_in_transit and self._fleet is not None and self._fleet.live():
                     outcome = await dispatcher.run(request)
             finally:
-                in_flight[batch] -= 1
-                self._set_callers(sum(in_flight.values()))
+                if not request.upstream_fields:
+                    in_flight[batch] -= 1
+                    self._set_callers(sum(in_flight.values()))
             self._send("outcome", batch, index, outcome)
             return outcome
 
         # The policy batches best when it knows how many rollouts may still ask it (those
         # of every batch running: the next steps' ones run beside a step's own when training
-        # is asynchronous).
-        in_flight[batch] = len(requests)
+        # is asynchronous); a rollout routed elsewhere (a pinned policy) does not ask it.
+        in_flight[batch] = sum(1 for request in requests if not request.upstream_fields)
         self._set_callers(sum(in_flight.values()))
         try:
             return list(await asyncio.gather(*(run_one(i, r) for i, r in enumerate(requests))))
