@@ -330,8 +330,14 @@ LEARNING_WINDOW = 10  # steps averaged at each end of the run
 LEARNING_MARGIN = 0.15  # runs measured 0.3-0.4; one 10-step window's noise is about 0.02
 
 
-def test_grpo_raises_the_reward_of_the_tiny_model(workspace: Path, capsys, monkeypatch):
-    (workspace / "configs" / "training" / "learn.toml").write_text(LEARNING_CONFIG)
+@pytest.mark.parametrize("staleness", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_grpo_raises_the_reward_of_the_tiny_model(
+    workspace: Path, capsys, monkeypatch, staleness: int
+):
+    """Synchronous, and asynchronous (max_staleness = 1: each step's rollouts generated while
+    the previous step updates, their loss corrected by the importance ratio): both learn."""
+    config = LEARNING_CONFIG.replace("[training]\n", f"[training]\nmax_staleness = {staleness}\n")
+    (workspace / "configs" / "training" / "learn.toml").write_text(config)
     monkeypatch.chdir(workspace)
     outcome = invoke(
         capsys,
@@ -351,8 +357,13 @@ def test_grpo_raises_the_reward_of_the_tiny_model(workspace: Path, capsys, monke
     assert outcome.code == 0, outcome.err
     resource = outcome.json()["resource"]
     assert resource["steps_done"] == 40
-    rewards = [r["training_reward"] for r in metrics(Path(resource["output_path"]))]
+    records = metrics(Path(resource["output_path"]))
+    rewards = [r["training_reward"] for r in records]
     assert len(rewards) == 40 and all(isinstance(r, float) and math.isfinite(r) for r in rewards)
+    assert all(r["staleness_max"] <= staleness for r in records)  # type: ignore[operator]
+    if staleness:  # the overlap happened, and the correction saw the old policy's logprobs
+        assert sum(float(r["staleness_mean"]) > 0 for r in records) >= 30  # type: ignore[arg-type]
+        assert all(isinstance(r["logprob_mismatch"], float) for r in records)
     first = sum(rewards[:LEARNING_WINDOW]) / LEARNING_WINDOW  # type: ignore[arg-type]
     last = sum(rewards[-LEARNING_WINDOW:]) / LEARNING_WINDOW  # type: ignore[arg-type]
     print(f"training reward: first {LEARNING_WINDOW} steps {first:.3f}, last {last:.3f}")
