@@ -14,11 +14,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras="${OSMOSIS_HARBOR_EXTRAS:-server,harbor,strands,openai-agents,test}"
+# Installs use the pins in scripts/constraints/ (scripts/lock_harbor.sh makes them): pip's own
+# resolver gives up on these dependency trees. The newest Harbor (0.26) needs an mcp release
+# that strands-agents refuses, so its tier leaves the strands extra out and its Strands tests
+# skip, naming why; the oldest Harbor's tier has both frameworks.
 harbor_version="${HARBOR_VERSION:-}"
 venv=".venv-harbor"
+constraints="scripts/constraints/harbor-newest.txt"
+default_extras="server,harbor,openai-agents,test"
 if [ -n "$harbor_version" ]; then
   venv=".venv-harbor-$(echo "$harbor_version" | cut -d. -f1-2 | tr -d .)" # 0.20.0: -020
+  constraints="scripts/constraints/harbor-$harbor_version.txt"
+  default_extras="server,harbor,strands,openai-agents,test"
+fi
+extras="${OSMOSIS_HARBOR_EXTRAS:-$default_extras}"
+if [ ! -f "$constraints" ]; then
+  echo "setup-harbor: no pins for Harbor ${harbor_version:-newest} ($constraints): add the version to scripts/lock_harbor.sh and run it" >&2
+  exit 2
 fi
 stamp="$venv/.osmosis-setup-$(echo "$extras" | tr ',' '-')${harbor_version:+-harbor-$harbor_version}"
 
@@ -67,10 +79,14 @@ install_agents() {
   mkdir -p "$agents"
   if [ ! -x "$agents/mini-swe-agent/bin/mini-swe-agent" ]; then
     if python=$(find_python); then
+      local wanted=(-c scripts/constraints/mini-swe-agent.txt mini-swe-agent)
+      if [ -n "${MINI_SWE_AGENT_VERSION:-}" ]; then
+        wanted=("mini-swe-agent==$MINI_SWE_AGENT_VERSION")
+      fi
       echo "setup-harbor: installing mini-swe-agent into $agents/mini-swe-agent"
       { "$python" -m venv "$agents/mini-swe-agent" \
-        && "$agents/mini-swe-agent/bin/python" -m pip install --quiet \
-          "mini-swe-agent${MINI_SWE_AGENT_VERSION:+==$MINI_SWE_AGENT_VERSION}"; } \
+        && "$agents/mini-swe-agent/bin/python" -m pip install --quiet --upgrade pip \
+        && "$agents/mini-swe-agent/bin/python" -m pip install --quiet "${wanted[@]}"; } \
         || echo "setup-harbor: mini-swe-agent could not be installed; its tests will skip"
     fi
   fi
@@ -95,12 +111,11 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "setup-harbor: creating $venv with $("$python" --version)"
   "$python" -m venv "$venv"
 fi
-digest=$(sha256sum pyproject.toml | cut -d' ' -f1)
+digest=$(cat pyproject.toml "$constraints" | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
   exit 0
 fi
 echo "setup-harbor: installing osmosis-ai[$extras] into $venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-# one resolution: the pinned Harbor's own requirements steer the rest
-"$venv/bin/python" -m pip install --quiet -e ".[$extras]" ${harbor_version:+"harbor==$harbor_version"}
+"$venv/bin/python" -m pip install --quiet -c "$constraints" -e ".[$extras]"
 echo "$digest" > "$stamp"

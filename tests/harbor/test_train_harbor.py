@@ -1,4 +1,4 @@
-"""``osmosis train run``, unchanged, on the multiply-harbor-strands template: a few GRPO steps
+"""``osmosis train run``, unchanged, on a multiply Harbor template: a few GRPO steps
 of the tiny model whose every rollout is a Harbor trial, the workflow running in the
 no-network sandbox and reaching the training policy through the forwarded endpoint, the
 grader as the task's verifier.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,10 +25,17 @@ import pytest
 pytestmark = [pytest.mark.harbor, pytest.mark.usefixtures("sandbox_available")]
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = "multiply-harbor-strands"
+# The Strands template where strands-agents installs beside this Harbor; Harbor 0.26 needs an
+# mcp release (>= 2.3) that every strands-agents release refuses (< 2.2), so there it is the
+# OpenAI Agents one.
+TEMPLATE = (
+    "multiply-harbor-strands"
+    if importlib.util.find_spec("strands") is not None
+    else "multiply-harbor-openai"
+)
 CONFIG = """
 [experiment]
-rollout = "multiply-harbor-strands"
+rollout = "{template}"
 entrypoint = "main.py"
 model_path = "local:models/tiny"
 dataset = "multiply"
@@ -106,7 +114,7 @@ def test_train_run_steps_through_harbor_trials(tmp_path: Path):
         cwd=workspace, env=env,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
-    (workspace / "configs" / "training" / "smoke.toml").write_text(CONFIG)
+    (workspace / "configs" / "training" / "smoke.toml").write_text(CONFIG.format(template=TEMPLATE))
 
     env["OSMOSIS_ROLLOUT_PYTHON"] = sys.executable
     done = run(
