@@ -63,7 +63,11 @@ def osmosis(cwd: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedP
 @pytest.mark.parametrize("name", sorted(FRAMEWORKS))
 def test_harbor_template_scores_full_marks(tmp_path: Path, name: str):
     if importlib.util.find_spec(FRAMEWORKS[name]) is None:
-        pytest.skip(f"{FRAMEWORKS[name]!r} is not installed (the template's framework)")
+        pytest.skip(
+            f"{FRAMEWORKS[name]!r} (the template's framework) is not installed here: Harbor "
+            "0.26 needs mcp >= 2.3 and every strands-agents release mcp < 2.2, so the newest "
+            "Harbor's tier leaves it out (`make test-harbor-oldest` runs this template)"
+        )
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     env = {
