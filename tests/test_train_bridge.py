@@ -8,8 +8,10 @@ calls is masked, and an agent that edits its own history yields a counted chain 
 
 from __future__ import annotations
 
+import copy
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,11 +23,13 @@ pytest.importorskip("transformers", reason="needs the 'train' extra")
 
 from osmosis_ai.controller.dispatch import DispatchRequest
 from osmosis_ai.controller.policy import LocalPolicy
-from osmosis_ai.train.bridge import RolloutBridge, TrainingUpstream
+from osmosis_ai.errors import UsageError
+from osmosis_ai.train.bridge import POLICY_PIN_FIELD, RolloutBridge, TrainingUpstream
 from osmosis_ai.train.collect import REWARD_FIELD, RolloutCollector, prompt_for
 from osmosis_ai.train.errors import TokenFidelityError
 from osmosis_ai.train.tiny_model import build_tiny_model
 from osmosis_ai.train.tokens import build_row, split_chains, usable_calls
+from osmosis_ai.train.validation import PinnedValidations
 from osmosis_ai.workspace import DatasetRow
 
 MAX_TOKENS = 3
@@ -354,3 +358,60 @@ _TOOLS = [
         },
     }
 ]
+
+
+def pinned_copy(policy: LocalPolicy, version: int) -> LocalPolicy:
+    """A frozen copy of ``policy``'s model at ``version``, as a run pins it for validation."""
+    pinned = LocalPolicy.from_model(copy.deepcopy(policy.model), policy.tokenizer, seed=0)
+    pinned.update_weights([], version)
+    return pinned
+
+
+def test_a_pinned_rollout_is_answered_by_the_pinned_version_after_the_policy_moved_on(
+    served, monkeypatch
+):
+    policy, bridge = served
+    with policy.updating(5):
+        pass
+    pinned = pinned_copy(policy, 5)
+    with policy.updating(6):  # the served policy moves on
+        pass
+    live = recorded_versions(policy, monkeypatch)
+    fields = bridge.upstream.pin(pinned)
+    try:
+        routed = [replace(r, upstream_fields=fields) for r in requests("faithful", 2)]
+        outcomes = bridge.run([*routed, *requests("faithful", 2)])
+    finally:
+        bridge.upstream.unpin(5)
+    versions = [[call.policy_version for call in o.calls] for o in outcomes]
+    assert versions == [[5, 5], [5, 5], [6, 6], [6, 6]]
+    assert live == [6] * 4  # the served policy answered only the unpinned rollouts
+
+
+def test_an_unknown_pin_is_an_error_answer_naming_it(served):
+    _policy, bridge = served
+    routed = [replace(r, upstream_fields={POLICY_PIN_FIELD: 99}) for r in requests("x", 1)]
+    (outcome,) = bridge.run(routed)
+    errors = [call.error or "" for call in outcome.calls]
+    assert errors and "osmosis_policy_pin=99" in errors[0], errors
+
+
+def test_validation_beside_training_reports_the_pinned_version(served, monkeypatch):
+    policy, bridge = served
+    with policy.updating(2):
+        pass
+    pinned = pinned_copy(policy, 2)
+    answered = recorded_versions(pinned, monkeypatch)
+    rollouts = collector(bridge, policy, None, max_staleness=1)
+    validations = PinnedValidations(bridge, rollouts)
+    validations.launch(2, pinned, [0, 1], 2)
+    with policy.updating(3):  # training goes on meanwhile
+        pass
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=3))
+    assert rollouts(step_prompts(1), trainer)[REWARD_FIELD] == [1.0] * 4
+    (summary,) = validations.collect(wait=True)
+    assert (summary.step, summary.policy_version) == (2, 2)
+    assert (summary.rollouts, summary.scored, summary.mean_reward) == (4, 4, 1.0)
+    assert answered == [2] * 8 and validations.pending == 0
+    with pytest.raises(UsageError, match="osmosis_policy_pin=2"):  # the copy is dropped
+        bridge.upstream.policy_for({POLICY_PIN_FIELD: 2})

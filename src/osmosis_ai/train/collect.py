@@ -32,8 +32,8 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from osmosis_ai.controller.dispatch import DispatchOutcome, DispatchRequest
@@ -464,16 +464,37 @@ class RolloutCollector:
 
     def evaluate(self, indices: Sequence[int], samples: int, step: int) -> EvalSummary:
         """Sample every row of ``indices`` ``samples`` times with the current policy."""
-        requests = [
-            self.request(i, s, step=step, validation=True) for i in indices for s in range(samples)
-        ]
+        requests = self.eval_requests(indices, samples, step)
         with self.watch.paused() if self.watch is not None else contextlib.nullcontext():
             outcomes = self.bridge.run(requests)
-        rewards = [outcome_reward(o)[0] for o in outcomes]
-        scored = [r for r in rewards if r is not None]
-        mean = sum(scored) / len(scored) if scored else None
-        passed = sum(1 for r in scored if r >= 1.0) / len(scored) if scored else None
-        return EvalSummary(step, len(requests), len(scored), mean, passed)
+        return eval_summary(step, outcomes)
+
+    def eval_requests(
+        self,
+        indices: Sequence[int],
+        samples: int,
+        step: int,
+        upstream_fields: Mapping[str, Any] | None = None,
+    ) -> list[DispatchRequest]:
+        """The validation rollouts: every row of ``indices`` ``samples`` times, their model
+        requests carrying ``upstream_fields`` (the policy that answers them)."""
+        return [
+            replace(self.request(i, s, step=step, validation=True), upstream_fields=upstream_fields)
+            for i in indices
+            for s in range(samples)
+        ]
+
+
+def eval_summary(
+    step: int, outcomes: Sequence[DispatchOutcome], policy_version: int | None = None
+) -> EvalSummary:
+    """Validation at ``step`` from its rollouts' outcomes (answered by ``policy_version``,
+    when pinned)."""
+    rewards = [outcome_reward(o)[0] for o in outcomes]
+    scored = [r for r in rewards if r is not None]
+    mean = sum(scored) / len(scored) if scored else None
+    passed = sum(1 for r in scored if r >= 1.0) / len(scored) if scored else None
+    return EvalSummary(step, len(outcomes), len(scored), mean, passed, policy_version)
 
 
 def _oldest_version(outcome: DispatchOutcome, dispatched: int) -> int:

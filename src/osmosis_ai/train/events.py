@@ -27,13 +27,16 @@ class WarmupEvent:
 @dataclass(frozen=True)
 class EvalSummary:
     """Validation: ``rollouts`` sampled over the validation rows at the training step
-    ``step`` (0 = before RL); the mean reward and pass rate are over the scored ones."""
+    ``step`` (0 = before RL); the mean reward and pass rate are over the scored ones.
+    ``policy_version``: the policy version pinned to answer them, when validation ran beside
+    asynchronous training (``None``: the served policy, training paused)."""
 
     step: int
     rollouts: int
     scored: int
     mean_reward: float | None
     pass_rate: float | None
+    policy_version: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,12 +45,17 @@ class EvalSummary:
             "scored": self.scored,
             "mean_reward": self.mean_reward,
             "pass_rate": self.pass_rate,
+            "policy_version": self.policy_version,
         }
 
 
 @dataclass(frozen=True)
 class ValidationEvent:
     summary: EvalSummary
+
+    @property
+    def policy_version(self) -> int | None:
+        return self.summary.policy_version
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from osmosis_ai.train.rundir import RunDir
 
 FEATURE = "osmosis train run"
 # metrics.jsonl keys that are not metrics, and the validation keys a ValidationEvent brings
-_NOT_LOGGED = frozenset({"step", "time", "validation_reward", "validation_pass_rate"})
+_NOT_LOGGED = frozenset(
+    {"step", "time", "validation_reward", "validation_pass_rate", "validation_policy_version"}
+)
 
 
 def require_trackers(plan: TrainPlan) -> None:
@@ -69,13 +71,13 @@ class TrainReporter:
                 trackers.log(event.step, metrics)
             elif isinstance(event, ValidationEvent):
                 summary = event.summary
-                trackers.log(
-                    summary.step,
-                    {
-                        "validation_reward": summary.mean_reward,
-                        "validation_pass_rate": summary.pass_rate,
-                    },
-                )
+                values = {
+                    "validation_reward": summary.mean_reward,
+                    "validation_pass_rate": summary.pass_rate,
+                }
+                if summary.policy_version is not None:
+                    values["validation_policy_version"] = summary.policy_version
+                trackers.log(summary.step, values)
         self._emit(event)
 
     def close(self, status: str) -> None:

@@ -37,6 +37,7 @@ from osmosis_ai.train.plan import TrainPlan
 from osmosis_ai.train.rundir import RunDir, save_atomically
 from osmosis_ai.train.step_watch import StepWatch
 from osmosis_ai.train.stopping import NO_LEARNING_SIGNAL, Background, SignalWatch, StopRequest
+from osmosis_ai.train.validation import PinnedValidations
 
 # Rollout servers that honor it (the bundled templates do) skip per-rollout trajectory files
 # during training; a workspace can set it to "1" in [env] to keep them.
@@ -86,6 +87,7 @@ class Session:
         self.stop = StopRequest(self._on_stop_request, plan.options.stop)
         self.signal = SignalWatch(plan.no_signal_patience)
         self.pending_validation: EvalSummary | None = None
+        self.validating: PinnedValidations | None = None  # beside asynchronous training
         self.model: Any = None
         self.tokenizer: Any = None
         self.trainer: Any = None
@@ -290,6 +292,8 @@ class Session:
                 lambda: int(self.trainer.state.global_step),
             )
         self.collector = self._collector(bridge, vllm=vllm_url is not None)
+        if staleness and vllm_url is None and self.leads:
+            self.validating = PinnedValidations(bridge, self.collector)
         if self.resume_point is not None:
             self._resume_steps(self.resume_point)
         elif plan.config.checkpoints.eval_interval > 0 and vllm_url is None and self.leads:
@@ -320,8 +324,12 @@ class Session:
         )
         try:
             engine.run(self.trainer, plan, self.resume_point, watch)
+        except BaseException:
+            self._abandon_validations()
+            raise
         finally:
             self.collector.drop_ahead()
+        self._finish_validations()
         stopped = callback.stopped_early
         silent = self.signal.tripped
         last = self.steps_done
@@ -343,18 +351,23 @@ class Session:
         """Serve ``model`` as the rollouts' policy (itself, or with ``max_staleness`` a copy:
         rollouts then generate while the trainer updates, and the copy takes the new weights
         after every optimizer step, :meth:`updating`)."""
+        self.policy = self._local_policy(
+            copy.deepcopy(model) if self.plan.config.training.max_staleness else model
+        )
+        if self.plan.options.vllm_server_url is None:
+            upstream.serve_local(self.policy)
+
+    def _local_policy(self, model: Any) -> Any:
         from osmosis_ai.controller.policy import LocalPolicy
 
         plan, training = self.plan, self.plan.config.training
-        self.policy = LocalPolicy.from_model(
-            copy.deepcopy(model) if training.max_staleness else model,
+        return LocalPolicy.from_model(
+            model,
             self.tokenizer,
             name=plan.model_ref,
             max_model_len=training.max_prompt_length + training.max_response_length,
             seed=training.seed,
         )
-        if plan.options.vllm_server_url is None:
-            upstream.serve_local(self.policy)
 
     def _resume_steps(self, resume_point: Path) -> None:
         done = int(resume_point.name.rpartition("-")[2])
@@ -392,9 +405,12 @@ class Session:
     def _next_rows(self, step: int) -> list[int] | None:
         """The rows of ``step``'s prompts (each sampled ``group`` times, in TRL's order) when
         its rollouts may be dispatched while the previous step updates: not past the last
-        step, not across a validation or a stop request."""
+        step, not across a stop request, nor (training synchronously, the next step's calls
+        held) across a validation."""
         plan, interval = self.plan, self.plan.config.checkpoints.eval_interval
-        if step > plan.steps or self.stop.requested or (interval and (step - 1) % interval == 0):
+        if step > plan.steps or self.stop.requested:
+            return None
+        if interval and (step - 1) % interval == 0 and not plan.config.training.max_staleness:
             return None
         rows = plan.order[(step - 1) * plan.batch : step * plan.batch]
         return [row for row in rows for _ in range(plan.group)]
@@ -430,7 +446,10 @@ class Session:
             and step % checkpoints.eval_interval == 0
             and step < self.plan.steps
         ):
-            self.pending_validation = self._validate(step)
+            if self.validating is not None:
+                self._launch_validation(step)
+            else:
+                self.pending_validation = self._validate(step)
         if checkpoints.checkpoint_save_freq and step % checkpoints.checkpoint_save_freq == 0:
             self._export(step)
         return self.stop.requested
@@ -472,9 +491,14 @@ class Session:
                 f"partial credit{limit}",
             )
         validation, self.pending_validation = self.pending_validation, None
+        if self.validating is not None:  # those done by now, the latest in this record
+            for validation in self.validating.collect():
+                self._validated(validation)
         if validation is not None:
             record["validation_reward"] = validation.mean_reward
             record["validation_pass_rate"] = validation.pass_rate
+            if validation.policy_version is not None:
+                record["validation_policy_version"] = validation.policy_version
         self.rundir.append_metrics(record)
         self.rewards.append(record.get("training_reward"))
         self.emit(StepEvent(step, self.plan.steps, record, time.monotonic() - self.started))
@@ -503,10 +527,42 @@ class Session:
         assert self.collector is not None
         plan = self.plan
         summary = self.collector.evaluate(plan.eval_indices, plan.options.eval_samples, step)
+        self._validated(summary)
+        return summary
+
+    def _validated(self, summary: EvalSummary) -> None:
         self.validations.append(summary)
         self.journal.info("validation", "validation done", **summary.to_json())
         self.emit(ValidationEvent(summary))
-        return summary
+
+    def _launch_validation(self, step: int) -> None:
+        """Validate ``step`` beside training: a copy of the served policy, pinned at the
+        version it has now (``step``'s, just synced), answers the validation rollouts."""
+        assert self.validating is not None
+        plan, version = self.plan, self.policy.version
+        pinned = self._local_policy(copy.deepcopy(self.policy.model))
+        pinned.update_weights([], version)
+        self.validating.launch(step, pinned, plan.eval_indices, plan.options.eval_samples)
+        self.journal.info(
+            "validation", "validation started beside training", step=step, policy_version=version
+        )
+
+    def _finish_validations(self) -> None:
+        """Wait for the validations still running beside training (each wait bounded by
+        the rollout I/O stall deadline) and report them."""
+        if self.validating is not None:
+            for summary in self.validating.collect(wait=True):
+                self._validated(summary)
+
+    def _abandon_validations(self) -> None:
+        if self.validating is None:
+            return
+        with contextlib.suppress(Exception):  # the run's own failure is the one to report
+            dropped = self.validating.abandon()
+            if dropped:
+                self.journal.warning(
+                    "validation", "validations running beside training abandoned", count=dropped
+                )
 
     def _export(self, step: int) -> None:
         trainer, tokenizer = self.trainer, self.tokenizer

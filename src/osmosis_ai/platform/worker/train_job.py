@@ -332,13 +332,13 @@ class _TrainJob:
             self._collect_checkpoints()
         elif isinstance(event, ValidationEvent):
             summary = event.summary
-            reporter.record_metrics(
-                summary.step,
-                {
-                    training_metrics.wire_key("validation_reward"): summary.mean_reward,
-                    "validation_pass_rate": summary.pass_rate,
-                },
-            )
+            values = {
+                training_metrics.wire_key("validation_reward"): summary.mean_reward,
+                "validation_pass_rate": summary.pass_rate,
+            }
+            if summary.policy_version is not None:  # validated beside asynchronous training
+                values["validation_policy_version"] = summary.policy_version
+            reporter.record_metrics(summary.step, values)
             reporter.log(
                 f"Validation at step {summary.step}: reward {_shown(summary.mean_reward)}, "
                 f"pass rate {_shown(summary.pass_rate)} over {summary.scored} rollouts",
