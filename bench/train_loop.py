@@ -3,11 +3,13 @@
 ``plain``: ``GRPOTrainer`` generating itself, with a plain exact-match reward function.
 ``ours``: ``osmosis train run``'s path (rollout server process, protocol, policy proxy,
 grader, ``rollout_func``) with the same warmed-up weights, seed, order, batch and steps;
-measured with the resumable state saved once (``ours``) and every step (``ours+save``).
-Each variant runs in its own process; peak RSS sums its process tree (ours includes the
-rollout server). ``--repeat N`` runs the three variants N times, interleaved, and reports
-each round's ratios and their median (single runs on a shared 2-core machine vary by
-±10%). ``python bench/train_loop.py [--steps 40] [--threads 1] [--repeat 3]``.
+measured with the resumable state saved once (``ours``), every step (``ours+save``), and
+with asynchronous training (``ours-async``: ``max_staleness = 1``, the next step's rollouts
+generated and graded during the update). Each variant runs in its own process; peak RSS sums
+its process tree (ours includes the rollout server). ``--repeat N`` runs the variants N
+times, interleaved, and reports each round's ratios and their median (single runs on a
+shared 2-core machine vary by ±10%).
+``python bench/train_loop.py [--steps 40] [--threads 1] [--repeat 3] [--variants ...]``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import psutil
 
 LR, BATCH, GROUP, MAX_TOKENS, SEED = 3e-4, 8, 8, 4, 0
+VARIANTS = ("plain", "ours", "ours+save", "ours-async")
 
 
 def prepare(root: Path, threads: int, hidden: int, layers: int) -> Path:
@@ -49,11 +52,28 @@ def prepare(root: Path, threads: int, hidden: int, layers: int) -> Path:
     return result.run_dir / "warmup"
 
 
-def write_config(root: Path, warm: Path, steps: int) -> Path:
-    config = root / "configs/training/bench.toml"
+def write_config(
+    root: Path,
+    warm: Path,
+    steps: int,
+    *,
+    name: str = "bench",
+    rollout: str = "copy-digit",
+    seed: int = SEED,
+    max_staleness: int = 0,
+    response_length: int = MAX_TOKENS,
+    env: dict[str, str] | None = None,
+) -> Path:
+    """``configs/training/<name>.toml``: the given rollout from the warmed-up model, ``steps``
+    steps of ``BATCH`` prompts x ``GROUP`` samples, no validations or checkpoints
+    (``max_staleness`` 0 leaves the key out: the synchronous default)."""
+    staleness = f"max_staleness = {max_staleness}\n" if max_staleness else ""
+    extra = "".join(f"{key} = {json.dumps(value)}\n" for key, value in (env or {}).items())
+    extra = f"\n[env]\n{extra}" if extra else ""
+    config = root / f"configs/training/{name}.toml"
     config.write_text(
         f"""[experiment]
-rollout = "copy-digit"
+rollout = "{rollout}"
 entrypoint = "main.py"
 model_path = "local:{warm}"
 dataset = "copy-digit"
@@ -64,13 +84,13 @@ total_epochs = {-(-steps * BATCH // 10)}
 n_samples_per_prompt = {GROUP}
 rollout_batch_size = {BATCH}
 max_prompt_length = 64
-max_response_length = {MAX_TOKENS}
-seed = {SEED}
-
+max_response_length = {response_length}
+seed = {seed}
+{staleness}
 [checkpoints]
 eval_interval = 0
 checkpoint_save_freq = 0
-"""
+{extra}"""
     )
     return config
 
@@ -204,16 +224,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of the three variants")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the variants")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, among {', '.join(VARIANTS)} (plain is always run: the baseline)",
+    )
     parser.add_argument("--hidden", type=int, default=128, help="model width (tiny: 128)")
     parser.add_argument("--layers", type=int, default=2, help="model depth (tiny: 2)")
-    parser.add_argument("--variant", choices=["plain", "ours", "ours+save"], help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--warm", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants {','.join(unknown)}: pick among {', '.join(VARIANTS)}")
+    args.variants = [v for v in VARIANTS if v == "plain" or v in chosen]
     if args.variant is not None:
         os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-        config = write_config(args.root, args.warm, args.steps)
+        staleness = 1 if args.variant == "ours-async" else 0
+        config = write_config(
+            args.root, args.warm, args.steps, name=f"bench-k{staleness}", max_staleness=staleness
+        )
         if args.variant == "plain":
             data = run_plain(args.root, args.warm, args.steps, args.threads)
         else:
@@ -241,8 +274,9 @@ def report(root: Path, args: argparse.Namespace) -> None:
         "--threads",
         str(args.threads),
     ]
-    variants = ("plain", "ours", "ours+save")
-    rounds = [{v: measure(["--variant", v, *common]) for v in variants} for _ in range(args.repeat)]
+    rounds = [
+        {v: measure(["--variant", v, *common]) for v in args.variants} for _ in range(args.repeat)
+    ]
     print(
         f"\n{args.steps} GRPO steps, {BATCH} prompts x {GROUP} samples, {args.threads} thread(s), "
         f"model hidden {args.hidden} x {args.layers} layers, {args.repeat} round(s)"
@@ -264,7 +298,7 @@ def report(root: Path, args: argparse.Namespace) -> None:
                 f"{r['train_seconds'] / args.steps:>8.3f} {r['wall_seconds']:>10.1f} "
                 f"{r['peak_rss_mb']:>12.0f} {first:>11.2f} → {last:.2f}"
             )
-        for name in ("ours", "ours+save"):
+        for name in args.variants[1:]:
             r = results[name]
             phase, wait = sorted(r["rollout_seconds"]), sorted(r["wait_seconds"])
             batches = [b for b in r["policy_batches"] if b is not None]
@@ -273,7 +307,7 @@ def report(root: Path, args: argparse.Namespace) -> None:
                 f"trainer waited {wait[len(wait) // 2]:.3f} s/step for it, "
                 f"{sum(batches) / max(len(batches), 1):.1f} decode batches/step"
             )
-    for name in ("ours", "ours+save"):
+    for name in args.variants[1:]:
         ratios = [r[name]["train_seconds"] / r["plain"]["train_seconds"] for r in rounds]
         rss = [r[name]["peak_rss_mb"] / r["plain"]["peak_rss_mb"] for r in rounds]
         listed = ", ".join(f"{x:.2f}" for x in ratios)
