@@ -71,23 +71,36 @@ _SUMMED = (
     "model_tokens",
     "env_tokens",
     "total_tokens",
+    "stale_tokens",
+    "staleness_sum",
+    "stale_regenerated",
 )
 
 
 def summed(stats: StepStats) -> StepStats:
-    """One step's rollout numbers over every worker (counts added, times the longest)."""
+    """One step's rollout numbers over every worker (counts added; times and
+    ``staleness_max`` the largest of the workers')."""
     import torch
     import torch.distributed as dist
 
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     sums = torch.tensor([float(getattr(stats, n)) for n in _SUMMED], dtype=torch.float64)
-    longest = torch.tensor([stats.seconds, stats.wait_seconds], dtype=torch.float64)
+    longest = torch.tensor(
+        [stats.seconds, stats.wait_seconds, float(stats.staleness_max)], dtype=torch.float64
+    )
     sums, longest = sums.to(device), longest.to(device)
     dist.all_reduce(sums)
     dist.all_reduce(longest, op=dist.ReduceOp.MAX)
     counts = {name: round(value) for name, value in zip(_SUMMED, sums.tolist(), strict=True)}
-    seconds, wait = longest.tolist()
-    return replace(stats, **counts, seconds=seconds, wait_seconds=wait, policy_batches=None)
+    seconds, wait, staleness = longest.tolist()
+    return replace(
+        stats,
+        **counts,
+        seconds=seconds,
+        wait_seconds=wait,
+        staleness_max=round(staleness),
+        policy_batches=None,
+    )
 
 
 class WorkerSession(Session):
