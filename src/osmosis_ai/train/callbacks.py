@@ -42,6 +42,12 @@ class RunCallback(TrainerCallback):
         self._held = contextlib.ExitStack()
         self.stopped_early = False
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # a resumed trainer has loaded its checkpoint's weights by now: a policy copy served
+        # with max_staleness takes them before the first rollouts
+        with self.hooks.updating(int(state.global_step)):
+            pass
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.watch is not None:
             self.watch.begin(int(state.global_step) + 1)
