@@ -25,6 +25,7 @@ median: step time K/K0 (target <= 0.6) and final reward K - K0 (target within 0.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Generator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,7 @@ def train(
     wall = time.monotonic() - began
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     rewards = [r.get("training_reward") for r in records]
+    times = [datetime.fromisoformat(r["time"]).timestamp() for r in records]
     tenth = max(1, len(records) // 10)
     figures: dict[str, Any] = {
         "seed": seed,
@@ -103,6 +106,8 @@ def train(
         "steps": len(records),
         "wall_seconds": round(wall, 2),
         "step_seconds": mean([r.get("step_seconds") for r in records[SKIP:]]),
+        # wall time between consecutive records: the step with its bookkeeping
+        "step_gap_seconds": mean([b - a for a, b in itertools.pairwise(times)][SKIP - 1 :]),
         "final_reward": mean(rewards[-tenth:]),
         "reward_curve": [mean(rewards[i : i + tenth]) for i in range(0, len(rewards), tenth)],
     }
@@ -150,22 +155,23 @@ def compare(runs: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
     """Each K against the first (the baseline), per seed and as the median over seeds."""
     base, table = ks[0], {}
     by = {(r["seed"], r["k"]): r for r in runs if "error" not in r}
+    seeds = sorted({r["seed"] for r in runs})
     for k in ks[1:]:
-        ratios, diffs = {}, {}
-        for seed in sorted({r["seed"] for r in runs}):
-            a, b = by.get((seed, base)), by.get((seed, k))
-            if a is None or b is None:
-                continue
-            if a["step_seconds"] and b["step_seconds"] is not None:
-                ratios[seed] = round(b["step_seconds"] / a["step_seconds"], 3)
-            if a["final_reward"] is not None and b["final_reward"] is not None:
-                diffs[seed] = round(b["final_reward"] - a["final_reward"], 3)
-        table[f"k{k}_vs_k{base}"] = {
-            "step_ratio": ratios,
-            "step_ratio_median": statistics.median(ratios.values()) if ratios else None,
-            "reward_diff": diffs,
-            "reward_diff_median": statistics.median(diffs.values()) if diffs else None,
-        }
+        pairs = [(s, by[s, base], by[s, k]) for s in seeds if (s, base) in by and (s, k) in by]
+        figures: dict[str, Any] = {}
+        for name, key, ratio in (
+            ("step_ratio", "step_seconds", True),
+            ("gap_ratio", "step_gap_seconds", True),
+            ("reward_diff", "final_reward", False),
+        ):
+            per_seed = {
+                s: round(b[key] / a[key] if ratio else b[key] - a[key], 3)
+                for s, a, b in pairs
+                if a[key] is not None and b[key] is not None and (a[key] or not ratio)
+            }
+            figures[name] = per_seed
+            figures[f"{name}_median"] = statistics.median(per_seed.values()) if per_seed else None
+        table[f"k{k}_vs_k{base}"] = figures
     return table
 
 
@@ -180,7 +186,8 @@ def print_run(run: dict[str, Any]) -> None:
         return
     curve = " ".join(show(x, ".2f") for x in run["reward_curve"])
     print(
-        f"{head}: {run['status']} {run['steps']} steps, step {show(run['step_seconds'])}s, "
+        f"{head}: {run['status']} {run['steps']} steps, step {show(run['step_seconds'])}s "
+        f"(between records {show(run['step_gap_seconds'])}s), "
         f"final reward {show(run['final_reward'])}, rollout wait "
         f"{show(run['rollout_wait_seconds'])}s, staleness mean {show(run['staleness_mean'])} "
         f"max {show(run['staleness_max'])}, logprob mismatch "
@@ -250,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio, diff = c["step_ratio_median"], c["reward_diff_median"]
         print(
             f"{name}: step time {show(ratio, '.2f')}x median ({ratios or 'none'}; "
-            f"target <= {STEP_TARGET}), final reward {show(diff, '+.3f')} median "
+            f"target <= {STEP_TARGET}; between records {show(c['gap_ratio_median'], '.2f')}x), "
+            f"final reward {show(diff, '+.3f')} median "
             f"({diffs or 'none'}; target within {REWARD_TARGET})"
         )
     if args.json:
