@@ -4,7 +4,6 @@ while training goes on, and the next step's rollouts are still dispatched ahead.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,31 +15,10 @@ from osmosis_ai.train.demo import setup_workspace
 from osmosis_ai.train.plan import TrainRunOptions
 from osmosis_ai.train.runner import run_training
 from osmosis_ai.train.tiny_model import build_tiny_model
+from test_train_smoke import SMOKE_CONFIG, metrics
 
-CONFIG = """
-[experiment]
-rollout = "copy-digit"
-entrypoint = "main.py"
-model_path = "local:models/tiny"
-dataset = "copy-digit"
-
-[training]
-lr = 3e-4
-total_epochs = 4
-n_samples_per_prompt = 4
-rollout_batch_size = 4
-max_prompt_length = 64
-max_response_length = 4
-agent_workflow_timeout_s = 60
-grader_timeout_s = 30
-seed = 0
-no_signal_patience = 0
-max_staleness = {staleness}
-
-[checkpoints]
-eval_interval = 2
-checkpoint_save_freq = 0
-"""
+# the smoke run's shape, validated every 2 steps
+CONFIG = SMOKE_CONFIG.replace("[training]\n", "[training]\nmax_staleness = {staleness}\n")
 
 
 def run(tmp_path: Path, staleness: int, steps: int):
@@ -60,8 +38,7 @@ def run(tmp_path: Path, staleness: int, steps: int):
         name=f"async-{staleness}",
     )
     result = run_training(options)
-    lines = (result.run_dir / "metrics.jsonl").read_text().splitlines()
-    return result, [json.loads(line) for line in lines]
+    return result, metrics(result.run_dir)
 
 
 def test_validation_runs_beside_training_on_the_version_it_validates(tmp_path: Path):

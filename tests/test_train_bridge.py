@@ -222,9 +222,9 @@ def step_prompts(step: int) -> list[Any]:
     return [prompt_for(i, ROWS[i]) for i in STEPS[step]]
 
 
-def test_the_next_step_is_dispatched_ahead_and_generated_after_the_update(served, monkeypatch):
-    policy, bridge = served
-    versions: list[int] = []  # of every answer, as the trainer's policy sends it
+def recorded_versions(policy: LocalPolicy, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The policy version of every answer the policy sends from now on."""
+    versions: list[int] = []
     submit = policy.submit_chat
 
     def recording(body: dict[str, Any], reply: Any, **options: Any) -> None:
@@ -236,6 +236,19 @@ def test_the_next_step_is_dispatched_ahead_and_generated_after_the_update(served
         submit(body, replied, **options)
 
     monkeypatch.setattr(policy, "submit_chat", recording)
+    return versions
+
+
+def wait_for(condition: Any, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def test_the_next_step_is_dispatched_ahead_and_generated_after_the_update(served, monkeypatch):
+    policy, bridge = served
+    versions = recorded_versions(policy, monkeypatch)
     rollouts = collector(bridge, policy, STEPS.get)
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
     with policy.updating(0):
@@ -271,30 +284,6 @@ def test_rollouts_dispatched_for_the_wrong_prompts_are_cancelled_and_redone(serv
         assert prompt[: len(expected)] == expected
     assert rollouts.next_rows is None  # no more guessing for the rest of the run
     assert len(bridge.run(requests("faithful", 2))) == 2  # nothing was left held
-
-
-def recorded_versions(policy: LocalPolicy, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The policy version of every answer the policy sends from now on."""
-    versions: list[int] = []
-    submit = policy.submit_chat
-
-    def recording(body: dict[str, Any], reply: Any, **options: Any) -> None:
-        def replied(answer: Any, error: BaseException | None) -> None:
-            if answer is not None:
-                versions.append(answer["policy_version"])
-            reply(answer, error)
-
-        submit(body, replied, **options)
-
-    monkeypatch.setattr(policy, "submit_chat", recording)
-    return versions
-
-
-def wait_for(condition: Any, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def test_with_max_staleness_the_next_step_generates_during_the_update(served, monkeypatch):
