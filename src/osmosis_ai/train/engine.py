@@ -326,7 +326,7 @@ def _train_segments(trainer: Any, take: Callable[[], Sequence[tuple[int, Trainin
     def generate_and_score(inputs: Any) -> Any:
         batch = score(inputs)
         extra = list(take())
-        if extra or trainer.accelerator.num_processes > 1:  # all workers gather the count
+        if extra or trainer.accelerator.num_processes > 1:  # all workers agree on the count
             batch = append_segments(trainer, batch, extra)
         return batch
 
@@ -369,13 +369,22 @@ def append_segments(
             "(multimodal inputs): keep the agent's conversation append-only"
         )
     out = dict(batch)
-    extra_items = torch.zeros((), device=batch["prompt_ids"].device)
-    if rows:
-        spare = -(len(batch["advantages"]) + len(rows)) % trainer.args.steps_per_generation
-        rows += [_no_loss(rows[-1])] * spare
-        advantages += [0.0] * spare
+    device = batch["prompt_ids"].device
+    count = len(rows)
+    if trainer.accelerator.num_processes > 1:
+        # Every worker appends as many rows as the one with the most segments (its share of
+        # the rollouts may have none): the forward passes of the new rows and every gather
+        # TRL makes over a micro-batch's rows then match across the workers.
+        counts = trainer.accelerator.gather(torch.tensor([count], device=device))
+        count = int(counts.max())
+    extra_items = torch.zeros((), device=device)
+    if count:
+        count += -(len(batch["advantages"]) + count) % trainer.args.steps_per_generation
+        filler = _no_loss(rows[-1]) if rows else _empty_row(trainer._tokenizer.pad_token_id)
+        advantages += [0.0] * (count - len(rows))
+        rows += [filler] * (count - len(rows))
         new = _segment_batch(trainer, batch, rows)
-        extra_items = (new["completion_mask"] * new["tool_mask"]).sum()
+        extra_items = (new["completion_mask"] * new["tool_mask"]).sum().float()
         if batch.get("tool_mask") is None:
             out["tool_mask"] = torch.ones_like(batch["completion_mask"])
         pad = trainer._tokenizer.pad_token_id
@@ -391,7 +400,9 @@ def append_segments(
         )
     if trainer.accelerator.num_processes > 1:
         extra_items = trainer.accelerator.gather(extra_items.reshape(1)).sum()
-    out["num_items_in_batch"] = batch["num_items_in_batch"] + extra_items
+    out["num_items_in_batch"] = batch["num_items_in_batch"] + extra_items.to(
+        batch["num_items_in_batch"]
+    )
     return out
 
 
@@ -458,6 +469,13 @@ def _joined(old: Any, new: Any, value: float, *, left: bool = False) -> Any:
 def _no_loss(row: TrainingRow) -> TrainingRow:
     """``row`` with every completion token masked out: it fills a batch, training nothing."""
     return dataclasses.replace(row, env_mask=[0] * len(row.env_mask))
+
+
+def _empty_row(pad: int) -> TrainingRow:
+    """A one-token row that carries no loss: it fills a batch that has no segment to copy."""
+    return TrainingRow(
+        prompt_ids=[pad], completion_ids=[pad], logprobs=[0.0], env_mask=[0], reward=None
+    )
 
 
 def _segment_logps(
