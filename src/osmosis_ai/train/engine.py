@@ -389,8 +389,10 @@ def append_segments(
             out["tool_mask"] = torch.ones_like(batch["completion_mask"])
         pad = trainer._tokenizer.pad_token_id
         fill = {"prompt_ids": pad, "completion_ids": pad, "tool_mask": 1}
+        per_sequence = trainer.vllm_importance_sampling_mode.startswith("sequence")
         for key, tensor in new.items():
-            if tensor.size(1) == 1 and key == "importance_sampling_ratio":  # per sequence
+            # a ratio per token is as wide as the completions, even rows of one token
+            if key == "importance_sampling_ratio" and per_sequence:
                 out[key] = torch.cat([out[key], tensor.to(out[key])])
             else:
                 left = key.startswith("prompt")
