@@ -357,7 +357,9 @@ def append_segments(
     carries the trajectory's advantage, computed once per prompt group over the rollouts
     (never re-normalised over segments). The old and reference log-probabilities are
     computed for the new rows as TRL does for the others, and rows that carry no loss pad
-    the batch to a multiple of ``steps_per_generation`` (TRL splits it evenly)."""
+    the batch to a multiple of ``steps_per_generation`` (TRL splits it evenly) and, with
+    several trainer workers, to the most rows any worker appends (every worker then makes
+    the same forward passes and collectives)."""
     import torch
 
     rows = [row for _, row in segments]
