@@ -282,6 +282,7 @@ class HarborBackend(ExecutionBackend):
         _SCRATCH_ROOTS.add(self.scratch_root)
         self._rollouts = RolloutRegistry[_Tracked](lambda: self.status_retention_sec)
         self._by_trial: dict[str, str] = {}
+        self._plannings: set[_Planning] = set()  # plans still being made in threads
         self._register_hooks()
 
     def _set_agents(
@@ -416,8 +417,21 @@ class HarborBackend(ExecutionBackend):
         self._finish(request.id, tracked, final.status, final.sample, final.err_message)
         return outcome
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, planning_timeout_sec: float = 60.0) -> None:
+        """Cancel every rollout, wait (up to ``planning_timeout_sec``) for the task copies
+        still being made in threads to be removed, then remove the scratch folders."""
         self.cancel_rollouts(all=True)
+        pending = list(self._plannings)
+        if pending:
+            left = await asyncio.to_thread(_wait_plannings, pending, planning_timeout_sec)
+            if left:
+                logger.warning(
+                    "HarborBackend shutdown: %d task copies were still being made after "
+                    "%gs; their folders under %s are removed when the copies end",
+                    left,
+                    planning_timeout_sec,
+                    self.scratch_root / "tasks",
+                )
         self._drop_code_stage()
         _remove_empty_scratch(self.scratch_root)
 
@@ -482,7 +496,7 @@ class HarborBackend(ExecutionBackend):
                 )
                 return ExecutionOutcome(failed, _ungraded(failed) if request.grade else None)
         trial_name = f"{_SAFE.sub('-', request.id)[:40]}__{uuid.uuid4().hex[:8]}"
-        planning = _Planning()
+        planning = _Planning(self._plannings)
         try:
             plan = await asyncio.to_thread(
                 planning.run, self._plan, request, trial_name, chat_url, api_key
@@ -1012,19 +1026,26 @@ class _Planning:
     """One plan made in a thread; a rollout cancelled meanwhile gets its task copy removed
     whether the thread is done or not (the thread is not stopped by the cancel)."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: set[_Planning]) -> None:
         self._lock = threading.Lock()
         self._cancelled = False
         self._plan: _Plan | None = None
+        self.done = threading.Event()  # set once the thread is over (its copy kept or gone)
+        self._registry = registry
+        registry.add(self)
 
     def run(self, make: Callable[..., _Plan], *args: Any) -> _Plan:
-        plan = make(*args)
-        with self._lock:
-            if not self._cancelled:
-                self._plan = plan
-                return plan
-        _discard(plan)
-        return plan
+        try:
+            plan = make(*args)
+            with self._lock:
+                if not self._cancelled:
+                    self._plan = plan
+                    return plan
+            _discard(plan)
+            return plan
+        finally:
+            self._registry.discard(self)
+            self.done.set()
 
     def cancel(self) -> None:
         with self._lock:
@@ -1032,6 +1053,14 @@ class _Planning:
             plan, self._plan = self._plan, None
         if plan is not None:
             _discard(plan)
+
+
+def _wait_plannings(plannings: list[_Planning], timeout: float) -> int:
+    """Wait for planning threads to end, all within ``timeout`` seconds; how many did not."""
+    deadline = time.monotonic() + timeout
+    for planning in plannings:
+        planning.done.wait(max(0.0, deadline - time.monotonic()))
+    return sum(not planning.done.is_set() for planning in plannings)
 
 
 def _discard(plan: _Plan) -> None:
