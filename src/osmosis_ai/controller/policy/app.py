@@ -2,13 +2,18 @@
 ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``POST /weights`` (a raw
 safetensors body; ``?version=N`` or the ``x-policy-version`` header sets the new version,
 else it goes up by one) and ``GET /health``. Serve it on 127.0.0.1 only.
+
+A generation request may carry :data:`CALLERS_FIELD` (an integer, removed before the request
+is read): how many callers may ask now, the batching hint of
+:meth:`LocalPolicy.expect_callers` from a client that knows it (a training run's rollout I/O
+process does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs
 
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_WEIGHTS_BYTES = 16 * 1024**3
+CALLERS_FIELD = "osmosis_expect_callers"
 _T = TypeVar("_T")
 _ROUTES = {
     "/v1/chat/completions": "POST",
@@ -101,14 +107,17 @@ class PolicyApp:
         if not isinstance(body, dict):
             raise _HTTPError(400, "request body must be a JSON object")
         request: dict[str, Any] = body
+        callers = request.pop(CALLERS_FIELD, None)
+        if isinstance(callers, int) and not isinstance(callers, bool):
+            self.policy.expect_callers(callers)
         stream = bool(request.get("stream"))
         if path == "/v1/completions":
             answer = await _run(self.policy.complete, request)
             chunks = [{**answer, "object": "text_completion"}] if stream else None
-        elif stream:
-            answer, chunks = None, await _run(self.policy.chat_chunks, request)
+        elif stream:  # (chat requests wait on the loop: no thread each, all batch together)
+            answer, chunks = None, await _mapped(self.policy.achat_chunks(request))
         else:
-            answer, chunks = await _run(self.policy.chat, request), None
+            answer, chunks = await _mapped(self.policy.achat(request)), None
         if chunks is None:
             await send_body(send, 200, dumps(answer))
             return
@@ -134,8 +143,12 @@ def create_policy_app(policy: LocalPolicy, **options: Any) -> PolicyApp:
 
 
 async def _run(method: Callable[..., _T], *args: Any) -> _T:
+    return await _mapped(asyncio.to_thread(method, *args))
+
+
+async def _mapped(work: Awaitable[_T]) -> _T:
     try:
-        return await asyncio.to_thread(method, *args)
+        return await work
     except UsageError as exc:  # PolicyRequestError, bad weights: the caller's fault
         raise _HTTPError(400, str(exc)) from exc
     except RuntimeError as exc:  # torch failures (out of memory, device errors)
