@@ -293,10 +293,16 @@ def test_with_max_staleness_the_next_step_generates_during_the_update(served, mo
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
     with policy.updating(0):
         pass
+    asked = time.perf_counter()
     first = rollouts(step_prompts(1), trainer)
-    assert first[REWARD_FIELD] == [1.0] * 4 and versions == [0] * 8
+    answered = time.perf_counter()
+    assert first[REWARD_FIELD] == [1.0] * 4 and set(versions) == {0} and len(versions) >= 8
     assert first["logprobs"] is not None  # for the importance-ratio correction
-    # Nothing is held: step 2's rollouts run both their turns on the weights there are.
+    # Step 2's rollouts started when step 1 was asked for, beside step 1's own (its weights
+    # were in place), not once step 1's were in; nothing is held: they run both their
+    # turns on the weights there are.
+    (ahead,) = rollouts._ahead
+    assert ahead.step == 2 and ahead.started - asked < (answered - asked) / 2
     wait_for(lambda: len(versions) == 16)
     assert versions[8:] == [0] * 8
     with policy.updating(1):  # the update of step 1 ends

@@ -261,6 +261,8 @@ class RolloutCollector:
         else:
             started, batch, batches = ahead.started, ahead.batch, ahead.batches
             dispatched = ahead.version
+        if self.max_staleness:  # the later steps' rollouts start now, beside this step's
+            self._fill_ahead(step, version)
         with self.watch.paused() if self.watch is not None else contextlib.nullcontext():
             outcomes = self.bridge.finish(batch)
             stats = StepStats(policy_version=version, max_staleness=self.max_staleness)
@@ -292,9 +294,7 @@ class RolloutCollector:
                 "same rollout), then resume with --resume"
             )
         self._segments = segments
-        if self.max_staleness:
-            self._fill_ahead(step, version)
-        else:
+        if not self.max_staleness:
             self._dispatch_ahead(step + 1, version + 1)
         output: dict[str, list[Any] | None] = {
             "prompt_ids": [row.prompt_ids for row in rows],
@@ -347,7 +347,9 @@ class RolloutCollector:
     def _fill_ahead(self, step: int, version: int) -> None:
         """Dispatch the rollouts of the steps after ``step`` that may run now: up to
         ``max_staleness`` steps ahead, on the weights the policy has (``version``, the ones
-        ``step`` trains: each of those steps trains at most ``max_staleness`` versions on)."""
+        ``step`` trains: each of those steps trains at most ``max_staleness`` versions on).
+        Called as soon as the trainer asks for ``step`` (its weights are then in place), so
+        those rollouts run while ``step``'s own finish, not only once its update begins."""
         for ahead in range(step + 1, step + 1 + self.max_staleness):
             if any(queued.step == ahead for queued in self._ahead):
                 continue
