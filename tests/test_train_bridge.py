@@ -286,13 +286,21 @@ def test_rollouts_dispatched_for_the_wrong_prompts_are_cancelled_and_redone(serv
     assert len(bridge.run(requests("faithful", 2))) == 2  # nothing was left held
 
 
-def test_with_max_staleness_the_next_step_generates_during_the_update(served, monkeypatch):
+def asynchronous(
+    served: tuple[LocalPolicy, RolloutBridge], monkeypatch: pytest.MonkeyPatch
+) -> tuple[LocalPolicy, list[int], RolloutCollector, SimpleNamespace]:
+    """A max_staleness = 1 collector over ``served`` at policy version 0, before step 1:
+    the policy, the versions its answers record, the collector, the trainer's state."""
     policy, bridge = served
     versions = recorded_versions(policy, monkeypatch)
     rollouts = collector(bridge, policy, STEPS.get, max_staleness=1)
-    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
     with policy.updating(0):
         pass
+    return policy, versions, rollouts, SimpleNamespace(state=SimpleNamespace(global_step=0))
+
+
+def test_with_max_staleness_the_next_step_generates_during_the_update(served, monkeypatch):
+    policy, versions, rollouts, trainer = asynchronous(served, monkeypatch)
     asked = time.perf_counter()
     first = rollouts(step_prompts(1), trainer)
     answered = time.perf_counter()
@@ -321,12 +329,7 @@ def test_with_max_staleness_the_next_step_generates_during_the_update(served, mo
 
 
 def test_samples_older_than_the_bound_are_generated_again_not_trained(served, monkeypatch):
-    policy, bridge = served
-    versions = recorded_versions(policy, monkeypatch)
-    rollouts = collector(bridge, policy, STEPS.get, max_staleness=1)
-    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
-    with policy.updating(0):
-        pass
+    policy, versions, rollouts, trainer = asynchronous(served, monkeypatch)
     rollouts(step_prompts(1), trainer)
     wait_for(lambda: len(versions) == 16)  # step 2's samples, all from version 0
     with policy.updating(3):  # the policy moved three versions on meanwhile
