@@ -690,3 +690,35 @@ def test_asynchronous_training_metrics_reach_train_info_and_old_records_stay_cle
     assert any(line.startswith("Importance ratio, max: ") for line in lines), shown.out
     assert any(line.startswith("Rollout wait seconds: ") for line in lines), shown.out
     assert "None" not in shown.out and "nan" not in shown.out
+
+
+def test_a_submitted_asynchronous_run_trains_on_stale_samples_within_its_bound(
+    cli: Platform, capsys
+):
+    """``max_staleness`` under ``[advanced]`` of a platform submit reaches the worker's
+    trainer: its steps may train samples one version old (how many are is a matter of
+    timing: a step that updates before the next step's rollouts call the model gives them
+    the new weights), corrected, within the bound, and the stored metrics that ``train info``
+    shows say so."""
+    from osmosis_ai.platform.worker.train_job import execute
+
+    platform = cli
+    advanced = {**SHORT_ADVANCED, "max_staleness": 1, "importance_ratio_cap": 1.5}
+    submitted = platform.submit(
+        SHORT_TRAINING, {"eval_interval": 100, "checkpoint_save_freq": 100}, advanced
+    )
+    claim = platform.claim("w1")
+    execute(platform.context(claim))
+    run = platform.run_row(claim.run_id)
+    assert (run.status, run.current_step) == ("finished", 5), platform.logs(run.id)
+
+    info = invoke(capsys, "--json", "train", "info", submitted["name"])
+    assert info.code == 0, info.err
+    series = {m["key"]: m["data"] for m in info.json()["data"]["metrics"]["metrics"]}
+    assert [d["value"] for d in series["max_staleness"]] == [1.0] * 5
+    staleness = [d["value"] for d in series["staleness_mean"]]
+    assert len(staleness) == 5 and all(0.0 <= s <= 1.0 for s in staleness), staleness
+    assert all(d["value"] <= 1.0 for d in series["staleness_max"])
+    assert len(series["logprob_mismatch"]) == 5
+    assert all(d["value"] <= 1.5 + 1e-6 for d in series["importance_ratio_max"])
+    assert any("max_staleness 1" in m for m in platform.logs(run.id))  # the GRPO stage line
