@@ -1,5 +1,5 @@
 """The local policy app batches concurrent chat requests: each waits on the event loop (no
-thread per request), and a request may say how many callers wait (its batching hint)."""
+thread per request), so as many as come together can join one generation batch."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ pytest.importorskip("torch", reason="torch not installed (extra train)")
 pytest.importorskip("transformers", reason="transformers not installed (extra train)")
 
 from osmosis_ai.controller.policy import LocalPolicy, create_policy_app
-from osmosis_ai.controller.policy.app import CALLERS_FIELD
 from osmosis_ai.testing.serving import ServerThread
 from osmosis_ai.train.tiny_model import build_tiny_model
 
@@ -30,7 +29,7 @@ def chat(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": USER, "max_tokens": 3, "temperature": 0.0, **extra}
 
 
-def test_requests_told_how_many_callers_wait_run_as_one_generation_batch(model_dir: Path):
+def test_concurrent_requests_the_policy_expects_run_as_one_generation_batch(model_dir: Path):
     policy = LocalPolicy(model_dir, seed=0)
     policy.batch_linger_s = 0.5  # (a loaded machine's gaps between arrivals split no batch)
     count = 24  # (four times the threads a thread per request would have had at once)
@@ -38,23 +37,21 @@ def test_requests_told_how_many_callers_wait_run_as_one_generation_batch(model_d
     async def ask_all(url: str) -> list[dict[str, Any]]:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             answers = await asyncio.gather(
-                *(
-                    client.post("/v1/chat/completions", json=chat(**{CALLERS_FIELD: count}))
-                    for _ in range(count)
-                )
+                *(client.post("/v1/chat/completions", json=chat()) for _ in range(count))
             )
         assert [a.status_code for a in answers] == [200] * count, answers[0].text
         return [a.json() for a in answers]
 
+    policy.expect_callers(count)  # (the batching hint a run's trainer gives its policy)
     with ServerThread(create_policy_app(policy)) as server:
         before = policy.batches
         answers = asyncio.run(ask_all(server.url))
-    # every request waited for the others (no thread each, the hint says 24 may come)
+    # every request waited for the others: none held a thread of its own
     assert policy.batches - before <= 2
     assert {a["policy_version"] for a in answers} == {0}
 
 
-def test_without_the_hint_every_concurrent_request_is_answered(model_dir: Path):
+def test_without_a_hint_every_concurrent_request_is_answered(model_dir: Path):
     policy = LocalPolicy(model_dir, seed=0)
     count = 12
 
@@ -72,12 +69,8 @@ def test_without_the_hint_every_concurrent_request_is_answered(model_dir: Path):
     assert 1 <= policy.batches - before < count
 
 
-def test_a_bad_hint_is_ignored_and_a_bad_request_still_names_its_field(model_dir: Path):
+def test_a_bad_chat_request_still_names_its_field(model_dir: Path):
     policy = LocalPolicy(model_dir, seed=0)
     with ServerThread(create_policy_app(policy)) as server:
-        ok = httpx.post(
-            f"{server.url}/v1/chat/completions", json=chat(**{CALLERS_FIELD: "many"}), timeout=60
-        )
         bad = httpx.post(f"{server.url}/v1/chat/completions", json=chat(temperature=-1), timeout=60)
-    assert ok.status_code == 200, ok.text
     assert bad.status_code == 400 and "temperature" in bad.text

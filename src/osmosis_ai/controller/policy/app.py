@@ -3,10 +3,8 @@
 safetensors body; ``?version=N`` or the ``x-policy-version`` header sets the new version,
 else it goes up by one) and ``GET /health``. Serve it on 127.0.0.1 only.
 
-A generation request may carry :data:`CALLERS_FIELD` (an integer, removed before the request
-is read): how many callers may ask now, the batching hint of
-:meth:`LocalPolicy.expect_callers` from a client that knows it (a training run's rollout I/O
-process does).
+Chat requests wait on the event loop, not a thread each, so those that come together are
+generated in one batch.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_WEIGHTS_BYTES = 16 * 1024**3
-CALLERS_FIELD = "osmosis_expect_callers"
 _T = TypeVar("_T")
 _ROUTES = {
     "/v1/chat/completions": "POST",
@@ -107,14 +104,11 @@ class PolicyApp:
         if not isinstance(body, dict):
             raise _HTTPError(400, "request body must be a JSON object")
         request: dict[str, Any] = body
-        callers = request.pop(CALLERS_FIELD, None)
-        if isinstance(callers, int) and not isinstance(callers, bool):
-            self.policy.expect_callers(callers)
         stream = bool(request.get("stream"))
         if path == "/v1/completions":
             answer = await _run(self.policy.complete, request)
             chunks = [{**answer, "object": "text_completion"}] if stream else None
-        elif stream:  # (chat requests wait on the loop: no thread each, all batch together)
+        elif stream:
             answer, chunks = None, await _mapped(self.policy.achat_chunks(request))
         else:
             answer, chunks = await _mapped(self.policy.achat(request)), None
