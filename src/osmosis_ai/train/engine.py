@@ -584,9 +584,9 @@ class _FusedRatio:
         self._compute_loss = trainer._compute_loss
         self._logps = trainer._get_per_token_logps_and_entropies
         self._pending: dict[str, Any] | None = None
-        self._step = -1  # the step the totals are of
-        self._logged = -1  # the step whose entries the metrics hold last
-        self._totals: list[float] = []
+        self._step = -1  # the step ``_sums`` and ``_peaks`` are of
+        self._sums: Any = None  # |logp difference| sum and count, ratio sum and count
+        self._peaks: Any = None  # largest |logp difference|, largest ratio, -smallest ratio
 
     def install(self) -> None:
         trainer = self.trainer
@@ -623,69 +623,43 @@ class _FusedRatio:
             mask = mask * inputs["tool_mask"]
         ratio = _sampling_ratio(trainer, current, sampled, mask)
         delta = torch.abs(current - sampled)
-        scored = mask.bool() & ~torch.isnan(delta)
-        delta, kept = delta[scored], ratio[mask.bool()]
-        inf = torch.tensor(math.inf, device=current.device)
+        delta, kept = delta[mask.bool() & ~torch.isnan(delta)], ratio[mask.bool()]
+        none = torch.tensor(-math.inf, device=current.device)  # (a peak of no tokens)
         local = torch.stack(
             [
                 delta.sum(),
                 torch.tensor(float(delta.numel()), device=current.device),
-                delta.max() if delta.numel() else -inf,
                 kept.sum(),
                 torch.tensor(float(kept.numel()), device=current.device),
-                kept.min() if kept.numel() else inf,
-                kept.max() if kept.numel() else -inf,
+                delta.max() if delta.numel() else none,
+                kept.max() if kept.numel() else none,
+                -kept.min() if kept.numel() else none,
             ]
         ).float()
         gathered = trainer.accelerator.gather(local.unsqueeze(0)).view(-1, 7)
-        sums = gathered.sum(0)
-        part = [
-            float(sums[0]),
-            float(sums[1]),
-            float(gathered[:, 2].max()),
-            float(sums[3]),
-            float(sums[4]),
-            float(gathered[:, 5].min()),
-            float(gathered[:, 6].max()),
-        ]
-        self._record(part)
+        self._record(gathered[:, :4].sum(0), gathered[:, 4:].max(0).values)
         return ratio
 
-    def _record(self, part: list[float]) -> None:
-        """Fold one micro-batch's figures into its step's (one entry a step per key)."""
-        trainer = self.trainer
-        step = int(trainer.state.global_step)
-        metrics = trainer._metrics["train"]
-        if step != self._step:
-            self._step, self._totals = step, part
+    def _record(self, sums: Any, peaks: Any) -> None:
+        """Fold one micro-batch's figures into its step's, which TRL logs (one entry a
+        step per key, replaced as the step's micro-batches come)."""
+        import torch
+
+        step = int(self.trainer.state.global_step)
+        fresh = step != self._step
+        if fresh:
+            self._step, self._sums, self._peaks = step, sums, peaks
         else:
-            t = self._totals
-            self._totals = [
-                t[0] + part[0],
-                t[1] + part[1],
-                max(t[2], part[2]),
-                t[3] + part[3],
-                t[4] + part[4],
-                min(t[5], part[5]),
-                max(t[6], part[6]),
-            ]
-        t = self._totals
-        if not t[1] and not t[4]:
-            return
-        values = (
-            t[0] / max(t[1], 1.0),
-            max(t[2], 0.0),
-            t[5] if t[4] else 0.0,
-            t[3] / max(t[4], 1.0),
-            t[6] if t[4] else 0.0,
-        )
-        fresh, self._logged = self._logged != step, step
+            self._sums, self._peaks = self._sums + sums, torch.maximum(self._peaks, peaks)
+        difference, tokens, ratios, scored = (float(v) for v in self._sums)
+        largest, most, least = (float(v) if math.isfinite(v) else 0.0 for v in self._peaks)
+        values = (difference / max(tokens, 1.0), largest, -least, ratios / max(scored, 1.0), most)
+        metrics = self.trainer._metrics["train"]
         for key, value in zip(_RATIO_KEYS, values, strict=True):
-            entries = metrics[key]
-            if fresh or not entries:
-                entries.append(value)
+            if fresh or not metrics[key]:
+                metrics[key].append(value)
             else:
-                entries[-1] = value
+                metrics[key][-1] = value
 
 
 class _RunSyncedWeights:
