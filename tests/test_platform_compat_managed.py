@@ -96,7 +96,7 @@ kl_coef = 0.0
 seed = 0
 
 [advanced.warmup]
-sft_steps = 60
+sft_steps = 100
 lr = 1e-3
 batch_size = 8
 

@@ -357,7 +357,7 @@ eval_interval = 40
 checkpoint_save_freq = 20
 
 [warmup]
-sft_steps = 60
+sft_steps = 100
 lr = 1e-3
 batch_size = 8
 

@@ -225,7 +225,7 @@ LEARNING_ADVANCED = {
     "loss_type": "dapo",
     "kl_coef": 0.0,
     "seed": 0,
-    "warmup": {"sft_steps": 60, "lr": 1e-3, "batch_size": 8},
+    "warmup": {"sft_steps": 100, "lr": 1e-3, "batch_size": 8},  # as test_train_smoke's
 }
 SHORT_TRAINING = {
     "lr": 3e-4,
@@ -245,7 +245,7 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-@pytest.mark.timeout(900)  # 60 warm-up and 40 GRPO steps: about 2 min on 2 busy cores
+@pytest.mark.timeout(900)  # 100 warm-up and 40 GRPO steps: about 2 min on 2 busy cores
 def test_a_training_run_learns_and_its_results_reach_the_platform_and_the_cli(
     cli: Platform, capsys, tmp_path: Path
 ):
