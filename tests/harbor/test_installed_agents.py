@@ -197,8 +197,14 @@ async def solve(tmp_path: Path, backend: Any, responder: Any, rollout_id: str) -
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-async def test_mini_swe_agent_from_a_host_prefix_solves_a_shipped_task(tmp_path: Path):
+@pytest.mark.parametrize("named_by", ["its path", "a link under /tmp"])
+async def test_mini_swe_agent_from_a_host_prefix_solves_a_shipped_task(
+    tmp_path: Path, named_by: str
+):
     prefix = agent_prefix("mini-swe-agent", "mini-swe-agent")
+    if named_by == "a link under /tmp":  # the trial has a /tmp of its own: shown to it anyway
+        (tmp_path / "mswea").symlink_to(prefix)
+        prefix = tmp_path / "mswea"
     backend = make_backend(tmp_path, "mini-swe-agent", prefix)
     player = MiniSwePlayer()
     calls = await solve(tmp_path, backend, player, "mswea-1")

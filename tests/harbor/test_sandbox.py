@@ -427,6 +427,36 @@ def test_default_environment_config_picks_docker_only_where_an_engine_answers():
         assert config.kwargs == {"forward_endpoints": ["127.0.0.1:9"]}
 
 
+async def test_shared_paths_show_a_host_folder_under_tmp_read_only(
+    sandboxes: Sandboxes, tmp_path: Path
+):
+    """/tmp is the trial's own, so a host folder there (an agent's install prefix in a
+    checkout under /tmp) is absent unless shared; shared, it is there and read-only."""
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "tool").write_text("#!/bin/sh\necho from the host prefix\n")
+    (prefix / "bin" / "tool").chmod(0o755)
+    link = tmp_path / "prefix-link"
+    link.symlink_to(prefix)
+    alone, _ = sandboxes.make("alone")
+    shared, _ = sandboxes.make("shared", env_kwargs={"shared_paths": [str(link)]})
+    for env in (alone, shared):
+        await env.start(force_build=False)
+
+    unseen = await alone.exec(f"test -e {prefix} || echo absent")
+    ran = await shared.exec(f"{link}/bin/tool")
+    write = await shared.exec(f"touch {link}/bin/new", user="root")
+
+    assert unseen.stdout == "absent\n"
+    assert (ran.return_code, ran.stdout) == (0, "from the host prefix\n")
+    assert write.return_code != 0 and not (prefix / "bin" / "new").exists()
+
+
+def test_a_shared_path_that_is_no_folder_is_refused_by_value(tmp_path: Path):
+    with pytest.raises(sandbox_module.SandboxError, match="nowhere"):
+        sandbox_module.LocalSandboxEnvironment(shared_paths=[str(tmp_path / "nowhere")])
+
+
 def test_bad_forward_endpoints_are_refused_by_value():
     with pytest.raises(ValueError, match="not-an-endpoint"):
         sandbox_module.parse_endpoint("not-an-endpoint")

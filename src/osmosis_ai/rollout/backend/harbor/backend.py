@@ -717,8 +717,14 @@ class HarborBackend(ExecutionBackend):
             # The model endpoint is the one host an allowlisted task must reach; a
             # no-network task is never loosened (the sandbox forwards the endpoint instead).
             config.extra_allowed_hosts = [*config.extra_allowed_hosts, host]
-        if config.import_path and config.import_path.startswith(SANDBOX_MODULE) and chat_url:
-            config.kwargs = _with_forwarded_endpoint(dict(config.kwargs), chat_url)
+        if config.import_path and config.import_path.startswith(SANDBOX_MODULE):
+            kwargs = dict(config.kwargs)
+            if chat_url:
+                kwargs = _with_forwarded_endpoint(kwargs, chat_url)
+            if self.agent_prefix is not None:
+                # seen by the trial wherever it lies (the trial has a /tmp of its own)
+                kwargs["shared_paths"] = [*kwargs.get("shared_paths", ()), self.agent_prefix]
+            config.kwargs = kwargs
         return config
 
     # -- results ---------------------------------------------------------------------------

@@ -303,6 +303,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
     * ``hidden_paths``: host paths (``~`` and globs expanded) absent inside (default:
       credential folders in ``$HOME``, ``/etc/shadow``, the SSH host keys); ``()`` hides
       only the sandbox's state and the job's other trials.
+    * ``shared_paths``: host folders shown read-only at their own path, even where the
+      trial would not see them (under ``/tmp``, which is the trial's own, or a hidden path):
+      an agent's install prefix, say.
     """
 
     _setup_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -316,9 +319,11 @@ class LocalSandboxEnvironment(BaseEnvironment):
         forward_endpoints: Sequence[object] | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         hidden_paths: Sequence[str] | None = None,
+        shared_paths: Sequence[str | os.PathLike[str]] | None = None,
         **kwargs: Any,
     ) -> None:
         self._forward = [parse_endpoint(value) for value in forward_endpoints or ()]
+        self._shared = [_shared_folder(value) for value in shared_paths or ()]
         root = Path(state_dir) if state_dir else Path(tempfile.gettempdir()) / "osmosis-sandbox"
         self._state_root = root
         self._hidden = tuple(_DEFAULT_HIDDEN if hidden_paths is None else hidden_paths)
@@ -595,6 +600,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         binds: list[tuple[str, str, bool]] = [(str(trial_dir / "tmp"), "/tmp", False)]
         # /tmp is the trial's own: keep this Python visible
         binds += [(str(path), str(path), True) for path in _runtime_under_tmp()]
+        binds += [(source, target, True) for source, target in self._shared]
         for mount in self._host_mount_list():
             if mount.get("type", "bind") != "bind":
                 raise SandboxError(
@@ -1093,6 +1099,14 @@ def _download_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo
         return tarfile.data_filter(member, dest_path)
     except tarfile.FilterError:
         return None  # a link that points out of the folder: dropped, never followed
+
+
+def _shared_folder(value: str | os.PathLike[str]) -> tuple[str, str]:
+    """(source, target): the folder itself, at the path it was named by."""
+    path = os.path.abspath(os.path.expanduser(value))
+    if not os.path.isdir(path):
+        raise SandboxError(f"shared_paths: {str(value)!r} is not a folder on this machine")
+    return os.path.realpath(path), path
 
 
 @functools.cache
