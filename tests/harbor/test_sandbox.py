@@ -431,10 +431,13 @@ async def test_shared_paths_show_a_host_folder_under_tmp_read_only(
     sandboxes: Sandboxes, tmp_path: Path
 ):
     """/tmp is the trial's own, so a host folder there (an agent's install prefix in a
-    checkout under /tmp) is absent unless shared; shared, it is there and read-only."""
+    checkout under /tmp) is absent unless shared; shared, it is there and read-only, at the
+    path it was named by and at its real path, which its own files name (a venv's shebangs)."""
     prefix = tmp_path / "prefix"
     (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "tool").write_text("#!/bin/sh\necho from the host prefix\n")
+    (prefix / "share").mkdir()
+    (prefix / "share" / "greeting").write_text("from the host prefix\n")
+    (prefix / "bin" / "tool").write_text(f"#!/bin/sh\ncat {prefix}/share/greeting\n")
     (prefix / "bin" / "tool").chmod(0o755)
     link = tmp_path / "prefix-link"
     link.symlink_to(prefix)

@@ -303,9 +303,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
     * ``hidden_paths``: host paths (``~`` and globs expanded) absent inside (default:
       credential folders in ``$HOME``, ``/etc/shadow``, the SSH host keys); ``()`` hides
       only the sandbox's state and the job's other trials.
-    * ``shared_paths``: host folders shown read-only at their own path, even where the
-      trial would not see them (under ``/tmp``, which is the trial's own, or a hidden path):
-      an agent's install prefix, say.
+    * ``shared_paths``: host folders shown read-only at their own path (and at their real
+      path, where named through a link), even where the trial would not see them (under
+      ``/tmp``, which is the trial's own, or a hidden path): an agent's install prefix, say.
     """
 
     _setup_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -323,7 +323,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         **kwargs: Any,
     ) -> None:
         self._forward = [parse_endpoint(value) for value in forward_endpoints or ()]
-        self._shared = [_shared_folder(value) for value in shared_paths or ()]
+        self._shared = [pair for value in shared_paths or () for pair in _shared_folder(value)]
         root = Path(state_dir) if state_dir else Path(tempfile.gettempdir()) / "osmosis-sandbox"
         self._state_root = root
         self._hidden = tuple(_DEFAULT_HIDDEN if hidden_paths is None else hidden_paths)
@@ -1101,12 +1101,15 @@ def _download_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo
         return None  # a link that points out of the folder: dropped, never followed
 
 
-def _shared_folder(value: str | os.PathLike[str]) -> tuple[str, str]:
-    """(source, target): the folder itself, at the path it was named by."""
+def _shared_folder(value: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """(source, target) pairs: the folder itself at the path it was named by and, where that
+    goes through a link, at its real path too, which the folder's own files name (the
+    shebangs of a virtual environment's scripts, say)."""
     path = os.path.abspath(os.path.expanduser(value))
     if not os.path.isdir(path):
         raise SandboxError(f"shared_paths: {str(value)!r} is not a folder on this machine")
-    return os.path.realpath(path), path
+    real = os.path.realpath(path)
+    return [(real, path)] if real == path else [(real, path), (real, real)]
 
 
 @functools.cache
